@@ -78,7 +78,7 @@ class LogSegment:
         self.suffix = suffix
         self.index_interval_bytes = index_interval_bytes
         stem = os.path.join(directory, segment_name(base_offset))
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         self._fd = _Fd(os.open(stem + ".log" + suffix, flags, 0o644))
         self.offset_index = OffsetIndex(stem + ".index" + suffix)
         self.time_index = TimeIndex(stem + ".timeindex" + suffix)
