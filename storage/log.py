@@ -119,6 +119,7 @@ class Log:
         self.recovered = result.recovered
         self.truncated_bytes = result.truncated_bytes
         segments = result.segments
+        segments[-1].created_ms = self._clock()  # segment.ms counts by the log's clock
         leo = segments[-1].next_offset
         log_start = min(result.log_start_offset, leo)
         self._publish(segments, log_start, leo)
@@ -192,8 +193,8 @@ class Log:
                 f"log_end_offset={v.log_end_offset}, segments={len(v.segments)})")
 
     # -- appending ------------------------------------------------------------------------
-    def append(self, records, *, assign_offsets: bool = True,
-               leader_epoch: int | None = None) -> tuple[int, int]:
+    def append(self, records, *, assign_offsets: bool = True, leader_epoch: int | None = None,
+               validate_records: bool = False) -> tuple[int, int]:
         """Append one or more whole batches; returns (base_offset, last_offset) of them.
 
         As a leader (``assign_offsets=True``) the log gives the batches consecutive offsets
@@ -201,7 +202,9 @@ class Log:
         the max timestamp to now (re-checksumming). As a follower (False) the batches keep
         their offsets, which must start at or after the log end and increase.
         Legacy v0/v1 message sets are up-converted to v2 first. Nothing is written unless
-        every batch is valid.
+        every batch is valid: framing and CRC always; every record too with
+        ``validate_records`` (a leader taking a client's request) and on compacted topics,
+        which refuse records without a key.
         """
         buf = records if isinstance(records, (bytes, bytearray, memoryview)) else None
         if buf is None:
@@ -212,6 +215,12 @@ class Log:
             raise InvalidRecordError("an append needs at least one record batch")
         headers = list(iter_headers(buf))
         config = self.config
+        if validate_records or (assign_offsets and config.compact):
+            keys = records_mod.decode_columns(buf)["key"]
+            if assign_offsets and config.compact and keys.null_count:
+                raise InvalidRecordError(
+                    f"compacted topic cannot accept a record without a key "
+                    f"({keys.null_count} of {len(keys)} records have none)")
         with self._lock:
             self._check_open()
             for h in headers:
@@ -403,7 +412,9 @@ class Log:
         if max_offsets < 1:
             raise OffsetOutOfRangeError(f"max_offsets must be at least 1, got {max_offsets}")
         v = self._view
-        pairs = [(max(s.base_offset, v.log_start_offset), s.max_timestamp) for s in v.segments]
+        # an empty segment has no newest record: stamp it with its creation (the seed's mtime)
+        pairs = [(max(s.base_offset, v.log_start_offset),
+                  s.max_timestamp if s.size else s.created_ms) for s in v.segments]
         if v.segments[-1].size > 0:
             pairs.append((v.log_end_offset, self._clock()))
         if time_ms == -1:
@@ -455,6 +466,7 @@ class Log:
                 self._schedule_delete(seg)
             new = LogSegment(self.path, offset, create=True,
                              index_interval_bytes=self.config.index_interval_bytes)
+            new.created_ms = self._clock()
             self._publish([new], offset, offset)
             self._unflushed_segments.clear()
             self.recovery_point = offset

@@ -1,0 +1,6 @@
+"""Shared test set-up: the tests directory is importable (helpers modules)."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
