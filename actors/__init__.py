@@ -1,2 +1,28 @@
-"""raykafka's actors and client facade. The public names are re-exported lazily so that
-``from actors.errors import ...`` stays cheap."""
+"""raykafka's actors and client API.
+
+    from actors import Cluster, Admin, Producer, Consumer, SimpleConsumer, Record, RecordMetadata
+
+The names are imported lazily, so ``from actors.errors import ...`` stays cheap (no Ray).
+"""
+
+_EXPORTS = {
+    "Cluster": ("actors.cluster", "Cluster"),
+    "Admin": ("actors.admin", "Admin"),
+    "Producer": ("actors.producer", "Producer"),
+    "Consumer": ("actors.consumer", "Consumer"),
+    "SimpleConsumer": ("actors.simple_consumer", "SimpleConsumer"),
+    "Record": ("actors.types", "Record"),
+    "RecordMetadata": ("actors.types", "RecordMetadata"),
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+        module, attr = _EXPORTS[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'actors' has no attribute {name!r}")

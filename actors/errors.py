@@ -1,15 +1,124 @@
 """Every error a raykafka user can catch, under one base class ``KafkaError``.
 
-The storage layer's errors are defined in ``storage.errors`` (it imports nothing of ours);
-they are re-exported here as the very same classes.
+Names follow Kafka's (kafka-python's spelling). The storage layer's errors are defined in
+``storage.errors`` (it imports nothing of ours) and re-exported here as the very same
+classes; coordination's failures are translated into these by the actors that call it.
+``retriable`` says whether the same request may succeed later (clients retry those).
+Errors raised inside an actor reach the caller as the same class (Ray re-raises a subclass
+of both RayTaskError and the original), so ``except NotLeaderForPartitionError`` works.
 """
 
 from storage.errors import (CorruptRecordError, InvalidConfigurationError, InvalidRecordError,
                             KafkaError, KafkaStorageError, OffsetOutOfRangeError,
                             RecordTooLargeError, UnsupportedCodecError, UnsupportedVersionError)
 
+
+class RetriableError(KafkaError):
+    retriable = True
+
+
+# -- topics and partitions ---------------------------------------------------------------
+class InvalidTopicError(KafkaError):
+    """A topic name outside Kafka's rule: [a-zA-Z0-9._-], 1..249 chars, not '.' or '..'."""
+
+
+class TopicAlreadyExistsError(KafkaError):
+    pass
+
+
+class UnknownTopicOrPartitionError(RetriableError):
+    """No such topic or partition (retriable: it may be being created)."""
+
+
+class InvalidPartitionsError(KafkaError):
+    pass
+
+
+class InvalidReplicationFactorError(KafkaError):
+    pass
+
+
+class InvalidReplicaAssignmentError(KafkaError):
+    pass
+
+
+# -- leadership and replication ---------------------------------------------------------
+class NotLeaderForPartitionError(RetriableError):
+    """The replica asked is not the partition's leader: refresh metadata and retry."""
+
+
+class LeaderNotAvailableError(RetriableError):
+    """The partition has no live leader right now."""
+
+
+class NotEnoughReplicasError(RetriableError):
+    """acks=all while the ISR is smaller than min.insync.replicas."""
+
+
+class NotEnoughReplicasAfterAppendError(RetriableError):
+    pass
+
+
+class FencedLeaderEpochError(RetriableError):
+    """A request carrying an older leader epoch than the replica's."""
+
+
+class StaleControllerEpochError(KafkaError):
+    """A request from a controller older than the newest one the broker has seen."""
+
+
+class NotControllerError(RetriableError):
+    pass
+
+
+class BrokerNotAvailableError(RetriableError):
+    pass
+
+
+class BrokerIdInUseError(KafkaError):
+    """Another live broker is registered with this broker id."""
+
+
+class NoBrokersAvailable(RetriableError):
+    pass
+
+
+# -- requests --------------------------------------------------------------------------
+class KafkaTimeoutError(RetriableError):
+    """An operation did not complete within its timeout."""
+
+
+class RequestTimedOutError(RetriableError):
+    pass
+
+
+class IllegalStateError(KafkaError):
+    """An operation on a closed client, or in a state that does not allow it."""
+
+
+class IllegalArgumentError(KafkaError):
+    """An argument of the wrong type or value (a key that is not bytes without a
+    serializer, a negative partition, ...)."""
+
+
+class ClusterNotFoundError(KafkaError):
+    """``Cluster.connect`` found no running cluster in that namespace."""
+
+
+class ZooKeeperUnavailableError(RetriableError):
+    """ZooKeeper could not be reached within the timeout."""
+
+
 __all__ = [
-    "KafkaError", "CorruptRecordError", "InvalidConfigurationError", "InvalidRecordError",
-    "KafkaStorageError", "OffsetOutOfRangeError", "RecordTooLargeError",
-    "UnsupportedCodecError", "UnsupportedVersionError",
+    "KafkaError", "RetriableError", "CorruptRecordError", "InvalidConfigurationError",
+    "InvalidRecordError", "KafkaStorageError", "OffsetOutOfRangeError", "RecordTooLargeError",
+    "UnsupportedCodecError", "UnsupportedVersionError", "InvalidTopicError",
+    "TopicAlreadyExistsError", "UnknownTopicOrPartitionError", "InvalidPartitionsError",
+    "InvalidReplicationFactorError", "InvalidReplicaAssignmentError",
+    "NotLeaderForPartitionError", "LeaderNotAvailableError", "NotEnoughReplicasError",
+    "NotEnoughReplicasAfterAppendError", "FencedLeaderEpochError",
+    "StaleControllerEpochError", "NotControllerError", "BrokerNotAvailableError",
+    "BrokerIdInUseError", "NoBrokersAvailable", "KafkaTimeoutError", "RequestTimedOutError",
+    "IllegalStateError", "IllegalArgumentError", "ClusterNotFoundError",
+    "ZooKeeperUnavailableError",
 ]

@@ -1,0 +1,144 @@
+"""Client-side metadata: which partitions a topic has and which replica actor leads each.
+
+Read from any live broker's metadata cache (the controller keeps those current), cached here,
+and refreshed when a caller reports a stale answer (``invalidate``). Leader handles are Ray
+actor handles looked up by name, cached per (topic, partition, leader, leader_epoch), so a
+new leader or a restarted broker is never served from a stale handle.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import NamedTuple
+
+import ray
+
+from .errors import (LeaderNotAvailableError, NoBrokersAvailable, UnknownTopicOrPartitionError)
+
+METADATA_CALL_TIMEOUT_S = 10.0
+
+
+class LeaderRef(NamedTuple):
+    handle: object
+    broker_id: int
+    leader_epoch: int
+
+
+def broker_handle(namespace: str, broker_id: int):
+    return ray.get_actor(f"broker-{broker_id}", namespace=namespace)
+
+
+class Metadata:
+    """Topic → partition → leader, from the brokers' caches. Thread-safe."""
+
+    def __init__(self, namespace: str, broker_ids):
+        self.namespace = namespace
+        self._broker_ids = list(broker_ids)
+        self._lock = threading.Lock()
+        self._snapshot: dict = {"topics": {}, "brokers": {}}
+        self._fetched_at = 0.0
+        self._handles: dict[tuple, object] = {}
+
+    # -- reading the cluster -----------------------------------------------------------------
+    def refresh(self) -> dict:
+        """Read the metadata of the first broker that answers (random order)."""
+        ids = list(self._snapshot.get("brokers") or {}) or list(self._broker_ids)
+        ids = [int(i) for i in ids]
+        random.shuffle(ids)
+        last_exc: BaseException | None = None
+        best = None
+        for bid in ids:
+            try:
+                snap = ray.get(broker_handle(self.namespace, bid).get_metadata.remote(),
+                               timeout=METADATA_CALL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - try the next broker
+                last_exc = exc
+                continue
+            if best is None or snap.get("controller_epoch", 0) > best.get("controller_epoch", 0):
+                best = snap
+            if snap.get("controller_epoch", 0) > 0:
+                break
+        if best is None:
+            raise NoBrokersAvailable(f"no broker of namespace {self.namespace!r} answered "
+                                     f"({last_exc!r})")
+        with self._lock:
+            self._snapshot = best
+            self._fetched_at = time.monotonic()
+        return best
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            snap = self._snapshot
+        return snap if self._fetched_at else self.refresh()
+
+    def invalidate(self, topic: str | None = None) -> None:
+        with self._lock:
+            self._fetched_at = 0.0
+
+    # -- the interface clients use -----------------------------------------------------------
+    def topics(self) -> dict:
+        return self.snapshot().get("topics", {})
+
+    def partitions_for(self, topic: str) -> list[int]:
+        parts = self.snapshot().get("topics", {}).get(topic)
+        if parts is None:
+            parts = self.refresh().get("topics", {}).get(topic)
+        if parts is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return sorted(int(p) for p in parts)
+
+    def partition_state(self, topic: str, partition: int) -> dict:
+        parts = self.snapshot().get("topics", {}).get(topic)
+        if parts is None or partition not in parts:
+            parts = self.refresh().get("topics", {}).get(topic)
+        if parts is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        if partition not in parts:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition} (partitions 0..{len(parts) - 1})")
+        return parts[partition]
+
+    def leader(self, topic: str, partition: int) -> LeaderRef:
+        state = self.partition_state(topic, partition)
+        leader, epoch = state["leader"], state["leader_epoch"]
+        if leader < 0:
+            raise LeaderNotAvailableError(f"{topic}-{partition} has no live leader")
+        key = (topic, partition, leader, epoch)
+        handle = self._handles.get(key)
+        if handle is None:
+            from .broker import replica_actor_name
+            try:
+                handle = ray.get_actor(replica_actor_name(topic, partition, leader),
+                                       namespace=self.namespace)
+            except ValueError:
+                self.invalidate(topic)
+                raise LeaderNotAvailableError(
+                    f"{topic}-{partition}: leader replica on broker {leader} is not up yet"
+                ) from None
+            self._handles[key] = handle
+        return LeaderRef(handle, leader, epoch)
+
+    def wait_for_leaders(self, topic: str, *, timeout_s: float, exists: bool = True) -> None:
+        """Block until every partition of ``topic`` has a live leader replica (or, with
+        ``exists=False``, until the topic is gone)."""
+        from .errors import KafkaTimeoutError
+        deadline = time.monotonic() + timeout_s
+        while True:
+            snap = self.refresh()
+            parts = snap.get("topics", {}).get(topic)
+            if not exists and parts is None:
+                return
+            if exists and parts and all(s["leader"] >= 0 for s in parts.values()):
+                try:
+                    for p in parts:
+                        self.leader(topic, p)
+                    return
+                except LeaderNotAvailableError:
+                    pass
+            if time.monotonic() > deadline:
+                what = "leaders" if exists else "deletion"
+                raise KafkaTimeoutError(f"timed out after {timeout_s}s waiting for {what} of "
+                                        f"topic {topic!r}")
+            time.sleep(0.05)

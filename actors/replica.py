@@ -1,0 +1,199 @@
+"""PartitionReplica: the Ray actor that owns one replica of one partition (a storage Log).
+
+A thin shell: byte-level work is the Log's; this actor adds the leader/follower role, the
+leader epoch and controller-epoch fencing, record validation of client batches, the high
+watermark, and periodic upkeep (flush.ms, retention, compaction) on a background thread.
+
+Requests (all return plain data; errors are raised as actors.errors classes):
+    produce(batch, acks, timeout_ms)        leader only -> ProduceResult
+    fetch(offset, max_bytes, ...)           leader only -> FetchResult (up to the HW)
+    list_offsets(time_ms, max_offsets)      leader only -> [offsets] (the seed's API)
+    become_leader / become_follower         from the broker, for the controller
+    state()                                 a dict for describe/tests
+
+Concurrency: a threaded actor (max_concurrency > 1) so slow fetches never block produces;
+the Log serialises writers and lets readers run lock-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+
+from storage import Log, LogConfig
+
+from .errors import (FencedLeaderEpochError, IllegalArgumentError, KafkaError,
+                     NotEnoughReplicasError, NotLeaderForPartitionError,
+                     OffsetOutOfRangeError)
+
+log = logging.getLogger(__name__)
+
+MAINTENANCE_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ProduceResult:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int        # -1 for CreateTime topics
+    log_start_offset: int
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    data: bytes                    # whole batches, CRC-checked by the log
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+def partition_dir(data_dir: str, topic: str, partition: int) -> str:
+    """``<broker data dir>/<topic>-<partition>``, as Kafka names partition directories."""
+    return os.path.join(data_dir, f"{topic}-{partition}")
+
+
+class PartitionReplica:
+    """One replica of (topic, partition) on one broker. See the module docstring."""
+
+    def __init__(self, topic: str, partition: int, broker_id: int, data_dir: str,
+                 log_config: dict | None = None, min_insync_replicas: int = 1):
+        self.topic = topic
+        self.partition = partition
+        self.broker_id = broker_id
+        self.path = partition_dir(data_dir, topic, partition)
+        self.config = LogConfig.from_properties(log_config or {})
+        self.min_insync_replicas = min_insync_replicas
+        self.log = Log.open(self.path, self.config)
+        self.is_leader = False
+        self.leader_epoch = -1
+        self.leader_id = -1
+        self.isr: list[int] = []
+        self.replicas: list[int] = []
+        self._stopped = threading.Event()
+        self._maintainer = threading.Thread(target=self._maintain_loop, daemon=True,
+                                            name=f"maintain-{topic}-{partition}")
+        self._maintainer.start()
+
+    def ready(self) -> bool:
+        return True
+
+    # -- role changes (from the broker, on the controller's LeaderAndIsr) ------------------
+    def become_leader(self, leader_epoch: int, isr: list[int], replicas: list[int]) -> dict:
+        self._check_epoch(leader_epoch)
+        self.is_leader = True
+        self.leader_epoch = leader_epoch
+        self.leader_id = self.broker_id
+        self.isr = list(isr)
+        self.replicas = list(replicas)
+        return self.state()
+
+    def become_follower(self, leader_id: int, leader_epoch: int, isr: list[int],
+                        replicas: list[int]) -> dict:
+        self._check_epoch(leader_epoch)
+        self.is_leader = False
+        self.leader_epoch = leader_epoch
+        self.leader_id = leader_id
+        self.isr = list(isr)
+        self.replicas = list(replicas)
+        return self.state()
+
+    def _check_epoch(self, leader_epoch: int) -> None:
+        if leader_epoch < self.leader_epoch:
+            raise FencedLeaderEpochError(
+                f"{self.topic}-{self.partition}: leader epoch {leader_epoch} is older than "
+                f"{self.leader_epoch}")
+
+    def update_config(self, log_config: dict) -> None:
+        """Apply new topic settings (reopening the log under them)."""
+        config = LogConfig.from_properties(log_config or {})
+        if config != self.config:
+            self.log.close()
+            self.config = config
+            self.log = Log.open(self.path, config)
+
+    # -- client requests ------------------------------------------------------------------
+    def _require_leader(self) -> None:
+        if not self.is_leader:
+            raise NotLeaderForPartitionError(
+                f"broker {self.broker_id} is not the leader of {self.topic}-{self.partition} "
+                f"(leader {self.leader_id}, epoch {self.leader_epoch})")
+
+    @property
+    def high_watermark(self) -> int:
+        # Replication (the next layer) moves the HW with the ISR; a lone leader's HW is its end.
+        return self.log.log_end_offset
+
+    def produce(self, batch, acks: int = -1, timeout_ms: int = 30000) -> ProduceResult:
+        self._require_leader()
+        if acks not in (0, 1, -1):
+            raise IllegalArgumentError(f"acks must be 0, 1 or -1 (all), got {acks!r}")
+        if acks == -1 and len(self.isr) < self.min_insync_replicas:
+            raise NotEnoughReplicasError(
+                f"{self.topic}-{self.partition}: ISR {self.isr} is smaller than "
+                f"min.insync.replicas={self.min_insync_replicas}")
+        base, last = self.log.append(batch, leader_epoch=self.leader_epoch,
+                                     validate_records=True)
+        append_time = -1
+        if self.config.log_append_time:
+            append_time = int(time.time() * 1000)
+        return ProduceResult(base, last, append_time, self.log.log_start_offset)
+
+    def fetch(self, offset: int, max_bytes: int = 1 << 20, *,
+              isolation: str = "high_watermark") -> FetchResult:
+        self._require_leader()
+        hw = self.high_watermark
+        max_offset = hw if isolation == "high_watermark" else None
+        if offset > hw and isolation == "high_watermark":
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is past the high watermark {hw} of "
+                f"{self.topic}-{self.partition}")
+        data = self.log.read(offset, max_bytes, max_offset=max_offset)
+        return FetchResult(data, hw, self.log.log_start_offset, self.log.log_end_offset)
+
+    def list_offsets(self, time_ms: int, max_offsets: int = 1) -> list[int]:
+        self._require_leader()
+        if time_ms == -1:
+            # "latest" for a consumer is the high watermark, not records it may not read
+            rest = self.log.offsets_before(-1, max_offsets)
+            return [self.high_watermark] + [o for o in rest if o < self.high_watermark][
+                :max_offsets - 1]
+        return self.log.offsets_before(time_ms, max_offsets)
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        self._require_leader()
+        return self.log.offset_for_time(timestamp_ms)
+
+    def delete_records_before(self, offset: int) -> int:
+        self._require_leader()
+        return self.log.delete_records_before(offset)
+
+    def state(self) -> dict:
+        return {
+            "topic": self.topic, "partition": self.partition, "broker_id": self.broker_id,
+            "is_leader": self.is_leader, "leader": self.leader_id,
+            "leader_epoch": self.leader_epoch, "isr": list(self.isr),
+            "replicas": list(self.replicas),
+            "log_start_offset": self.log.log_start_offset,
+            "log_end_offset": self.log.log_end_offset,
+            "high_watermark": self.high_watermark,
+            "size_bytes": self.log.size_bytes,
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def _maintain_loop(self) -> None:
+        while not self._stopped.wait(MAINTENANCE_INTERVAL_S):
+            try:
+                self.log.maintain()
+            except KafkaError as exc:
+                log.warning("%s-%d upkeep: %s", self.topic, self.partition, exc)
+
+    def stop(self, delete: bool = False) -> None:
+        """Close the log (and delete its directory when the topic is being deleted)."""
+        self._stopped.set()
+        self.log.close()
+        if delete:
+            shutil.rmtree(self.path, ignore_errors=True)
