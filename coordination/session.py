@@ -1,0 +1,239 @@
+"""A ZooKeeper session: connecting (with the namespace chroot) and a thin, timed wrapper
+around kazoo's calls.
+
+Why a wrapper: kazoo's synchronous calls wait on the reply with no timeout; while the server
+is down a request can sit in kazoo's queue for as long as the reconnect takes. Every call
+here goes through `*_async(...).get(timeout=...)`, so it answers within `timeout_s` or raises
+ZkUnavailableError. A timed-out request may still reach the server later: callers make their
+writes idempotent or conditional (versioned), never blind.
+
+What passes through unchanged: kazoo's NoNodeError, NodeExistsError, BadVersionError,
+NotEmptyError (the callers in this package turn them into their own typed errors). What is
+translated: ConnectionLoss / timeouts / closed client -> ZkUnavailableError, session expiry
+-> ZkSessionExpiredError.
+
+Namespace isolation is a chroot in the connection string ("127.0.0.1:2181/raykafka-<ns>"):
+kazoo prefixes every path, watches and children listings come back relative, and nothing in
+this package needs to know about the prefix. The chroot node itself must exist before a
+chrooted client can create anything, so `connect` creates it first with a short-lived
+un-chrooted client.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (ConnectionClosedError, ConnectionLoss, NoNodeError,
+                              NotEmptyError, OperationTimeoutError, SessionExpiredError)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
+from kazoo.retry import KazooRetry
+
+from coordination.errors import ZkSessionExpiredError, ZkUnavailableError
+from coordination.zk_layout import chroot_for
+
+log = logging.getLogger(__name__)
+
+#: Bound on the nodes a recursive delete walks (a topic has ~3 nodes per partition).
+MAX_RECURSIVE_DELETE_NODES = 100_000
+
+
+@dataclass(frozen=True)
+class ZkSettings:
+    """How to reach ZooKeeper. `namespace` None means no chroot (the server's root)."""
+    hosts: str
+    namespace: str | None = None
+    session_timeout_s: float = 10.0
+    connect_timeout_s: float = 15.0
+    op_timeout_s: float = 10.0
+    #: Cap on kazoo's reconnect backoff: after a ZooKeeper restart we want to be back well
+    #: inside the session timeout (kazoo's default cap is 60 s).
+    reconnect_max_delay_s: float = 0.5
+
+    @property
+    def connection_string(self) -> str:
+        if self.namespace is None:
+            return self.hosts
+        return self.hosts + chroot_for(self.namespace)
+
+
+def _translate(exc: BaseException, what: str) -> BaseException:
+    if isinstance(exc, SessionExpiredError):
+        return ZkSessionExpiredError(f"{what}: ZooKeeper session expired")
+    if isinstance(exc, (ConnectionLoss, OperationTimeoutError, KazooTimeoutError,
+                        ConnectionClosedError)):
+        return ZkUnavailableError(f"{what}: {type(exc).__name__}: {exc}")
+    return exc
+
+
+class ZkClient:
+    """One kazoo session with timed calls. Thread-safe (kazoo's client is).
+
+    Owns the KazooClient it was given: `close` stops it.
+    """
+
+    def __init__(self, kazoo: KazooClient, *, op_timeout_s: float = 10.0):
+        self.kazoo = kazoo
+        self.op_timeout_s = op_timeout_s
+
+    # -- session -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """KazooState.CONNECTED, SUSPENDED or LOST."""
+        return self.kazoo.state
+
+    @property
+    def connected(self) -> bool:
+        return self.kazoo.state == KazooState.CONNECTED
+
+    @property
+    def session_id(self) -> int | None:
+        """The current session id (changes after an expiry), None before the first connect."""
+        client_id = self.kazoo.client_id
+        return client_id[0] if client_id else None
+
+    def add_listener(self, listener: Callable[[str], object]) -> None:
+        """`listener(state)` runs on kazoo's thread: it must only set flags or events."""
+        self.kazoo.add_listener(listener)
+
+    def remove_listener(self, listener: Callable[[str], object]) -> None:
+        self.kazoo.remove_listener(listener)
+
+    def close(self) -> None:
+        """Close the session (its ephemeral nodes go at once) and stop kazoo's threads."""
+        try:
+            self.kazoo.stop()
+        finally:
+            self.kazoo.close()
+
+    # -- timed calls -----------------------------------------------------------------------
+
+    def _wait(self, async_result, what: str, timeout_s: float | None):
+        try:
+            return async_result.get(timeout=self.op_timeout_s if timeout_s is None else timeout_s)
+        except Exception as exc:   # noqa: BLE001 - re-raised, translated or as is
+            translated = _translate(exc, what)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    def get(self, path: str, *, watch=None, timeout_s: float | None = None
+            ) -> tuple[bytes, ZnodeStat]:
+        return self._wait(self.kazoo.get_async(path, watch=watch), f"get {path}", timeout_s)
+
+    def exists(self, path: str, *, watch=None, timeout_s: float | None = None
+               ) -> ZnodeStat | None:
+        return self._wait(self.kazoo.exists_async(path, watch=watch), f"exists {path}",
+                          timeout_s)
+
+    def get_children(self, path: str, *, watch=None, timeout_s: float | None = None
+                     ) -> list[str]:
+        return self._wait(self.kazoo.get_children_async(path, watch=watch),
+                          f"get_children {path}", timeout_s)
+
+    def create(self, path: str, value: bytes = b"", *, ephemeral: bool = False,
+               sequence: bool = False, makepath: bool = False,
+               timeout_s: float | None = None) -> str:
+        """Returns the created path (with the sequence suffix when `sequence`)."""
+        return self._wait(self.kazoo.create_async(path, value, ephemeral=ephemeral,
+                                                  sequence=sequence, makepath=makepath),
+                          f"create {path}", timeout_s)
+
+    def set(self, path: str, value: bytes, *, version: int = -1,
+            timeout_s: float | None = None) -> ZnodeStat:
+        return self._wait(self.kazoo.set_async(path, value, version=version), f"set {path}",
+                          timeout_s)
+
+    def delete(self, path: str, *, version: int = -1, timeout_s: float | None = None) -> None:
+        self._wait(self.kazoo.delete_async(path, version=version), f"delete {path}", timeout_s)
+
+    def ensure_path(self, path: str, *, timeout_s: float | None = None) -> None:
+        self._wait(self.kazoo.ensure_path_async(path), f"ensure_path {path}", timeout_s)
+
+    def commit(self, transaction, *, timeout_s: float | None = None) -> list:
+        """Commit a `kazoo.transaction()`; returns kazoo's per-op results (an exception
+        instance in the slot of each failed op)."""
+        return self._wait(transaction.commit_async(), "multi", timeout_s)
+
+    def transaction(self):
+        return self.kazoo.transaction()
+
+    def delete_recursive(self, path: str, *, timeout_s: float | None = None) -> int:
+        """Delete `path` and everything below it, children first; returns nodes deleted.
+
+        Tolerates concurrent deletes (NoNode) and retries a node whose children changed under
+        it, at most MAX_RECURSIVE_DELETE_NODES node visits in all."""
+        deleted = 0
+        stack = [path]
+        visits = 0
+        while stack:
+            visits += 1
+            if visits > MAX_RECURSIVE_DELETE_NODES:
+                raise ZkUnavailableError(f"delete_recursive {path}: too many nodes")
+            node = stack[-1]
+            try:
+                children = self.get_children(node, timeout_s=timeout_s)
+            except NoNodeError:
+                stack.pop()
+                continue
+            if children:
+                stack.extend(f"{node.rstrip('/')}/{c}" for c in children)
+                continue
+            try:
+                self.delete(node, timeout_s=timeout_s)
+                deleted += 1
+            except NoNodeError:
+                pass
+            except NotEmptyError:
+                continue   # a child appeared meanwhile: list it again
+            stack.pop()
+        return deleted
+
+
+def _kazoo_client(connection_string: str, settings: ZkSettings) -> KazooClient:
+    return KazooClient(
+        hosts=connection_string,
+        timeout=settings.session_timeout_s,
+        # Reconnect forever (the session's fate is decided by the server, not by us) but
+        # quickly: a capped backoff.
+        connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2,
+                                    max_delay=settings.reconnect_max_delay_s),
+        command_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=0.5,
+                                 deadline=settings.op_timeout_s),
+    )
+
+
+def _start(kazoo: KazooClient, timeout_s: float, what: str) -> None:
+    try:
+        kazoo.start(timeout=timeout_s)
+    except KazooTimeoutError as exc:
+        kazoo.stop()
+        kazoo.close()
+        raise ZkUnavailableError(f"{what}: no ZooKeeper session within {timeout_s:.1f}s") from exc
+
+
+def ensure_chroot(settings: ZkSettings) -> None:
+    """Create the namespace's chroot node if missing (idempotent)."""
+    if settings.namespace is None:
+        return
+    chroot = chroot_for(settings.namespace)
+    bootstrap = _kazoo_client(settings.hosts, settings)
+    _start(bootstrap, settings.connect_timeout_s, f"connect {settings.hosts}")
+    try:
+        ZkClient(bootstrap, op_timeout_s=settings.op_timeout_s).ensure_path(chroot)
+    finally:
+        bootstrap.stop()
+        bootstrap.close()
+
+
+def connect(settings: ZkSettings) -> ZkClient:
+    """Open a session in the namespace (creating its chroot); raises ZkUnavailableError when
+    no session is established within `connect_timeout_s`."""
+    ensure_chroot(settings)
+    kazoo = _kazoo_client(settings.connection_string, settings)
+    _start(kazoo, settings.connect_timeout_s, f"connect {settings.connection_string}")
+    return ZkClient(kazoo, op_timeout_s=settings.op_timeout_s)

@@ -1,0 +1,60 @@
+"""Shared set-up for tests that run a real cluster: a private local Ray per test module,
+a unique namespace per cluster, and polling helpers (no bare sleeps)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from kazoo.client import KazooClient
+
+from actors import raycompat
+from coordination.zk_layout import chroot_for
+
+ray = raycompat.ray
+
+# short sessions so that fault tests (killed brokers, expired sessions) settle quickly
+FAST_CONFIG = {"zookeeper.session.timeout.ms": 3000}
+
+
+def unique_namespace(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def start_ray() -> None:
+    raycompat.init_local("raykafka-tests")
+
+
+def stop_ray() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def zk_client(cluster) -> KazooClient:
+    """A plain kazoo client inside the cluster's chroot: reads what ZooKeeper really holds."""
+    client = KazooClient(hosts=cluster.zk_hosts + chroot_for(cluster.namespace), timeout=10.0)
+    client.start(timeout=15)
+    return client
+
+
+def zk_json(client: KazooClient, path: str):
+    data, _ = client.get(path)
+    return json.loads(data)
+
+
+def wait_until(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.05,
+               what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value (returned); fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - transient while the cluster settles
+            last_exc = exc
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: "
+                         f"{last_exc!r})")

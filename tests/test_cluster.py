@@ -1,0 +1,190 @@
+"""The cluster against a real ZooKeeper and a local Ray: znodes and their JSON, topics,
+typed errors for bad requests, leadership checks, and two clusters side by side."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+
+import pytest
+
+from actors import Cluster
+from actors.errors import (InvalidConfigurationError, InvalidPartitionsError,
+                           InvalidReplicationFactorError, InvalidTopicError,
+                           NotLeaderForPartitionError, StaleControllerEpochError,
+                           TopicAlreadyExistsError, UnknownTopicOrPartitionError)
+from cluster_helpers import (FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace,
+                             wait_until, zk_client, zk_json)
+from storage.records import build, decode_records
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    start_ray()
+    c = Cluster.start(num_brokers=3, namespace=unique_namespace("cl"), config=FAST_CONFIG)
+    yield c
+    c.shutdown()
+    stop_ray()
+
+
+@pytest.fixture(scope="module")
+def zk(cluster):
+    client = zk_client(cluster)
+    yield client
+    client.stop()
+    client.close()
+
+
+def test_cluster_id_controller_and_broker_znodes_have_the_seed_schemas(cluster, zk):
+    """/cluster/id, /controller, /controller_epoch and /brokers/ids/<id> hold Kafka's JSON."""
+    cid = zk_json(zk, "/cluster/id")
+    assert cid["version"] == "1"
+    assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cid["id"])
+    base64.urlsafe_b64decode(cid["id"] + "==")
+    controller = zk_json(zk, "/controller")
+    assert controller["version"] == 1 and controller["brokerid"] in (0, 1, 2)
+    assert controller["timestamp"].isdigit()
+    epoch = int(zk.get("/controller_epoch")[0])
+    assert epoch >= 1
+    assert sorted(zk.get_children("/brokers/ids")) == ["0", "1", "2"]
+    for bid in range(3):
+        data, stat = zk.get(f"/brokers/ids/{bid}")
+        body = __import__("json").loads(data)
+        assert stat.ephemeralOwner != 0, "broker registrations are ephemeral"
+        assert {"host", "port", "endpoints", "rack", "timestamp", "version"} <= set(body)
+        assert body["timestamp"].isdigit() and body["endpoints"]
+
+
+def test_topic_znodes_have_the_seed_schemas(cluster, zk):
+    """A created topic writes its assignment, per-partition state and config as the seeds."""
+    admin = cluster.admin()
+    admin.create_topic("zschema", partitions=3, replication_factor=2,
+                       config={"retention.ms": "60000"})
+    assignment = zk_json(zk, "/brokers/topics/zschema")
+    assert assignment["version"] == 1
+    assert sorted(assignment["partitions"]) == ["0", "1", "2"]
+    for p, replicas in assignment["partitions"].items():
+        assert len(replicas) == 2 and len(set(replicas)) == 2
+        state = zk_json(zk, f"/brokers/topics/zschema/partitions/{p}/state")
+        assert set(state) == {"controller_epoch", "leader", "version", "leader_epoch", "isr"}
+        assert state["version"] == 1 and state["leader"] == replicas[0]
+        assert state["isr"] == replicas and state["leader_epoch"] == 0
+    config = zk_json(zk, "/config/topics/zschema")
+    assert config["version"] == 1 and config["config"]["retention.ms"] == "60000"
+    admin.delete_topic("zschema")
+
+
+def test_create_describe_and_delete_a_topic(cluster, zk):
+    """describe_topic reports leaders and offsets; delete removes znodes and partition data."""
+    admin = cluster.admin()
+    admin.create_topic("lifecycle", partitions=4)
+    assert "lifecycle" in admin.list_topics()
+    rows = admin.describe_topic("lifecycle")
+    assert [r["partition"] for r in rows] == [0, 1, 2, 3]
+    for r in rows:
+        assert r["leader"] in r["replicas"] and r["isr"] == r["replicas"]
+        assert r["log_start_offset"] == 0 and r["high_watermark"] == 0
+    leaders = {r["leader"] for r in rows}
+    assert len(leaders) == 3, "leaders are spread over the brokers"
+    dirs = [os.path.join(cluster.data_dir, f"broker-{r['leader']}", f"lifecycle-{r['partition']}")
+            for r in rows]
+    assert all(os.path.isdir(d) for d in dirs)
+    admin.delete_topic("lifecycle")
+    assert "lifecycle" not in admin.list_topics()
+    assert zk.exists("/brokers/topics/lifecycle") is None
+    assert zk.exists("/config/topics/lifecycle") is None
+    assert zk.exists("/admin/delete_topics/lifecycle") is None
+    wait_until(lambda: not any(os.path.exists(d) for d in dirs), what="partition dirs removed")
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.describe_topic("lifecycle")
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a b", "x" * 250, "tab\t", "slash/x", "ü"])
+def test_invalid_topic_names_raise_invalid_topic_error(cluster, name):
+    """Kafka's naming rule is enforced with InvalidTopicError; nothing is created."""
+    with pytest.raises(InvalidTopicError):
+        cluster.admin().create_topic(name)
+    assert name not in cluster.admin().list_topics()
+
+
+def test_bad_topic_requests_raise_typed_errors_and_create_nothing(cluster):
+    """Existing name, partitions < 1, RF > live brokers, bad config: each has its error."""
+    admin = cluster.admin()
+    admin.create_topic("taken")
+    with pytest.raises(TopicAlreadyExistsError):
+        admin.create_topic("taken")
+    with pytest.raises(InvalidPartitionsError):
+        admin.create_topic("zero-parts", partitions=0)
+    with pytest.raises(InvalidReplicationFactorError):
+        admin.create_topic("too-many-replicas", replication_factor=4)
+    with pytest.raises(InvalidConfigurationError):
+        admin.create_topic("bad-config", config={"segment.bytes": "lots"})
+    with pytest.raises(InvalidConfigurationError):
+        admin.create_topic("bad-config", config={"no.such.setting": "1"})
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.delete_topic("never-created")
+    assert set(admin.list_topics()) & {"zero-parts", "too-many-replicas", "bad-config"} == set()
+    admin.delete_topic("taken")
+
+
+def test_a_request_to_a_non_leader_replica_raises_not_leader(cluster):
+    """Produce and fetch to a follower replica raise NotLeaderForPartitionError."""
+    admin = cluster.admin()
+    admin.create_topic("followers", partitions=1, replication_factor=2)
+    row = admin.describe_topic("followers")[0]
+    follower = [b for b in row["replicas"] if b != row["leader"]][0]
+    handle = ray.get_actor(f"replica-followers-0-b{follower}", namespace=cluster.namespace)
+    with pytest.raises(NotLeaderForPartitionError):
+        ray.get(handle.produce.remote(build([b"x"]), -1, 1000))
+    with pytest.raises(NotLeaderForPartitionError):
+        ray.get(handle.fetch.remote(0, 1024))
+    leader = cluster.metadata.leader("followers", 0)
+    ray.get(leader.handle.produce.remote(build([b"x"]), 1, 1000))
+    admin.delete_topic("followers")
+
+
+def test_brokers_reject_requests_from_an_older_controller_epoch(cluster, zk):
+    """LeaderAndIsr / UpdateMetadata stamped with a stale controller epoch are refused."""
+    epoch = int(zk.get("/controller_epoch")[0])
+    broker = cluster.broker(0)
+    with pytest.raises(StaleControllerEpochError):
+        ray.get(broker.leader_and_isr.remote(epoch - 1, []))
+    with pytest.raises(StaleControllerEpochError):
+        ray.get(broker.update_metadata.remote(epoch - 1, {}))
+
+
+def test_produce_and_fetch_through_the_leader_round_trip(cluster):
+    """Batches produced to a leader come back whole and in order from fetch."""
+    admin = cluster.admin()
+    admin.create_topic("roundtrip", partitions=2)
+    leader = cluster.metadata.leader("roundtrip", 1)
+    for i in range(5):
+        values = [b"%d-%d" % (i, j) for j in range(100)]
+        res = ray.get(leader.handle.produce.remote(build(values), -1, 1000))
+        assert (res.base_offset, res.last_offset) == (i * 100, i * 100 + 99)
+    fetched = ray.get(leader.handle.fetch.remote(0, 1 << 20))
+    recs = decode_records(fetched.data)
+    assert [r.offset for r in recs] == list(range(500))
+    assert recs[250].value == b"2-50"
+    assert fetched.high_watermark == 500
+    admin.delete_topic("roundtrip")
+
+
+def test_two_clusters_in_one_ray_do_not_interfere(cluster):
+    """A second Cluster.start (another namespace) has its own ZooKeeper, data and topics."""
+    other = Cluster.start(num_brokers=1, namespace=unique_namespace("other"),
+                          config=FAST_CONFIG)
+    try:
+        assert other.zk_hosts != cluster.zk_hosts
+        assert other.data_dir != cluster.data_dir
+        other.admin().create_topic("only-in-other")
+        cluster.admin().create_topic("only-in-first")
+        assert "only-in-other" not in cluster.admin().list_topics()
+        assert "only-in-first" not in other.admin().list_topics()
+        assert other.broker_ids() == [0]
+        cluster.admin().delete_topic("only-in-first")
+    finally:
+        other.shutdown()
+    assert not os.path.exists(other.data_dir)
+    assert cluster.admin().list_topics() is not None

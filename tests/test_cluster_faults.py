@@ -1,0 +1,143 @@
+"""Faults against a real ZooKeeper and a local Ray: controller failover, a broker killed and
+restarted, an expired ZooKeeper session, and ZooKeeper stopped for 10 s."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from actors import Cluster
+from actors.errors import StaleControllerEpochError
+from cluster_helpers import (FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace,
+                             wait_until, zk_client, zk_json)
+from coordination.zk_layout import chroot_for
+from storage.records import build, decode_records
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    start_ray()
+    yield
+    stop_ray()
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster.start(num_brokers=3, namespace=unique_namespace("fault"), config=FAST_CONFIG)
+    yield c
+    c.shutdown()
+
+
+def _produce(cluster, topic, partition, n, tag):
+    """Produce ``n`` records through the leader; returns the acknowledged offsets."""
+    leader = cluster.metadata.leader(topic, partition)
+    res = ray.get(leader.handle.produce.remote(
+        build([b"%s-%d" % (tag, i) for i in range(n)]), -1, 5000), timeout=30)
+    return list(range(res.base_offset, res.last_offset + 1))
+
+
+def _read_all(cluster, topic, partition):
+    cluster.metadata.invalidate()
+    leader = cluster.metadata.leader(topic, partition)
+    out, offset = [], 0
+    while True:
+        res = ray.get(leader.handle.fetch.remote(offset, 1 << 20), timeout=30)
+        recs = [r for r in decode_records(res.data) if r.offset >= offset]
+        if not recs:
+            return out
+        out.extend(recs)
+        offset = recs[-1].offset + 1
+
+
+def test_killing_the_controller_broker_elects_a_standby_with_the_next_epoch(cluster):
+    """The broker holding the controller role dies: another takes over with epoch + 1, the old
+    epoch is fenced, the dead broker's partitions go offline and return with their data."""
+    zk = zk_client(cluster)
+    try:
+        cluster.admin().create_topic("fo", partitions=3)
+        old = zk_json(zk, "/controller")["brokerid"]
+        epoch = int(zk.get("/controller_epoch")[0])
+        led = [r["partition"] for r in cluster.admin().describe_topic("fo") if r["leader"] == old]
+        acked = {p: _produce(cluster, "fo", p, 50, b"before") for p in led}
+        cluster.kill_broker(old)
+        new = wait_until(lambda: zk.exists("/controller") and
+                         zk_json(zk, "/controller")["brokerid"] != old and
+                         zk_json(zk, "/controller")["brokerid"], timeout_s=30,
+                         what="a new controller")
+        assert int(zk.get("/controller_epoch")[0]) == epoch + 1
+        assert new != old
+        wait_until(lambda: all(cluster.metadata.refresh()["topics"]["fo"][p]["leader"] == -1
+                               for p in led), what="partitions of the dead broker offline")
+        survivor = [b for b in cluster.broker_ids() if b != old][0]
+        wait_until(lambda: ray.get(cluster.broker(survivor).get_metadata.remote())
+                   ["controller_epoch"] == epoch + 1, what="brokers learn the new epoch")
+        with pytest.raises(StaleControllerEpochError):
+            ray.get(cluster.broker(survivor).leader_and_isr.remote(epoch, []))
+        cluster.start_broker(old)
+        wait_until(lambda: all(cluster.metadata.refresh()["topics"]["fo"][p]["leader"] == old
+                               for p in led), what="partitions back on the restarted broker")
+        for p in led:
+            got = _read_all(cluster, "fo", p)
+            assert [r.offset for r in got] == acked[p]
+            assert got[-1].value == b"before-49"
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_an_expired_session_makes_the_broker_register_again(cluster):
+    """Expire a broker's ZooKeeper session: its /brokers/ids node comes back under a new
+    session and the broker keeps serving."""
+    zk = zk_client(cluster)
+    try:
+        cluster.admin().create_topic("exp", partitions=3)
+        broker = cluster.broker(1)
+        sid = ray.get(broker.session_id.remote())
+        password = ray.get(broker.session_password.remote())
+        before = zk.exists("/brokers/ids/1")
+        assert before.ephemeralOwner == sid
+        twin = KazooClient(hosts=cluster.zk_hosts + chroot_for(cluster.namespace),
+                           client_id=(sid, password), timeout=10.0)
+        twin.start(timeout=15)
+        twin.stop()  # closing the twin ends the shared session on the server
+        twin.close()
+        wait_until(lambda: (st := zk.exists("/brokers/ids/1")) is not None and
+                   st.ephemeralOwner != sid, timeout_s=30, what="re-registration")
+        wait_until(lambda: ray.get(broker.registered.remote()), what="registered flag")
+        assert ray.get(broker.session_id.remote()) != sid
+        p = [r["partition"] for r in cluster.admin().describe_topic("exp") if r["leader"] == 1][0]
+        assert _produce(cluster, "exp", p, 10, b"after") == list(range(10))
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_zookeeper_down_for_ten_seconds_loses_no_acknowledged_record(cluster):
+    """Stop ZooKeeper for 10 s while producing: every acknowledged record is still there
+    after it comes back, the brokers are registered again and topics can be created."""
+    cluster.admin().create_topic("zkdown", partitions=3)
+    acked = {p: _produce(cluster, "zkdown", p, 100, b"pre") for p in range(3)}
+    server = cluster._zk_server
+    server.stop()
+    stopped_at = time.monotonic()
+    while time.monotonic() - stopped_at < 10:  # produce all through the outage
+        for p in range(3):
+            acked[p] += _produce(cluster, "zkdown", p, 20, b"during")
+    server.restart()
+    for p in range(3):
+        acked[p] += _produce(cluster, "zkdown", p, 10, b"post")
+    zk = zk_client(cluster)
+    try:
+        wait_until(lambda: sorted(zk.get_children("/brokers/ids")) == ["0", "1", "2"],
+                   timeout_s=60, what="brokers registered again")
+        wait_until(lambda: zk.exists("/controller"), timeout_s=60, what="a controller")
+    finally:
+        zk.stop()
+        zk.close()
+    for p in range(3):
+        got = [r.offset for r in _read_all(cluster, "zkdown", p)]
+        assert got == acked[p], f"partition {p} lost acknowledged records"
+    cluster.admin().create_topic("after-outage", partitions=2)
+    assert "after-outage" in cluster.admin().list_topics()

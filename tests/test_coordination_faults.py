@@ -1,0 +1,128 @@
+"""coordination/ under ZooKeeper faults, against a real server: session expiry and a
+ZooKeeper outage of ~10 s. Every wait is on an observable condition with a deadline."""
+
+import itertools
+import json
+import time
+
+import pytest
+from kazoo.client import KazooState
+
+from coordination import zk_layout as L
+from coordination.election import ControllerCandidate, ControllerRole
+from coordination.registry import BrokerRegistration
+from coordination.session import ZkSettings, connect
+from coordination.store import ZkStore
+from zk_helpers import expire_session, plain_client, start_zookeeper, wait_until
+
+_ns = itertools.count()
+#: How long ZooKeeper stays down in the outage test (the issue's "stopped for 10 s").
+OUTAGE_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory):
+    server = start_zookeeper(tmp_path_factory.mktemp("zk"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def clients(zk_server):
+    namespace = f"f{next(_ns)}"
+    made = []
+
+    def make(session_timeout_s=6.0):
+        client = connect(ZkSettings(hosts=zk_server.hosts, namespace=namespace,
+                                    session_timeout_s=session_timeout_s))
+        made.append(client)
+        return client
+    make.root = L.chroot_for(namespace)
+    yield make
+    for client in made:
+        client.close()
+
+
+def _owner(zk_server, path):
+    raw = plain_client(zk_server.hosts)
+    try:
+        stat = raw.exists(path)
+        return None if stat is None else stat.ephemeralOwner
+    finally:
+        raw.stop()
+        raw.close()
+
+
+def test_registration_comes_back_after_session_expiry(zk_server, clients):
+    """After the broker's session is expired, kazoo opens a new session and the loop
+    re-creates /brokers/ids/<id> owned by it, with the same body."""
+    zk = clients()
+    reg = BrokerRegistration(zk, L.BrokerInfo(broker_id=5, host="h", port=1))
+    reg.start(timeout_s=10)
+    path = clients.root + "/brokers/ids/5"
+    old_session = expire_session(zk_server.hosts, zk.kazoo)
+    wait_until(lambda: zk.session_id not in (None, old_session) and reg.registered,
+               timeout_s=20, what="re-registration in a new session")
+    assert _owner(zk_server, path) == zk.session_id
+    assert reg.registrations == 2
+    raw = plain_client(zk_server.hosts)
+    body = json.loads(raw.get(path)[0])
+    raw.stop()
+    raw.close()
+    assert body["timestamp"] == str(reg.info.timestamp_ms)   # first start time, as the seed says
+    reg.close()
+
+
+def test_controller_resigns_on_session_loss_and_a_new_epoch_follows(zk_server, clients):
+    """Expiring the active controller's session drops its role (on_resigned); a controller
+    (the other candidate, or itself in its new session) then holds epoch 2."""
+    resigned = []
+    zk1, zk2 = clients(), clients()
+    c1 = ControllerCandidate(zk1, broker_id=1, on_resigned=lambda: resigned.append(1)).start()
+    assert c1.wait_active(timeout_s=10)
+    c2 = ControllerCandidate(zk2, broker_id=2).start()
+    wait_until(lambda: c2.status().controller_id == 1, timeout_s=10, what="c2 follows c1")
+    expire_session(zk_server.hosts, zk1.kazoo)
+    wait_until(lambda: resigned == [1], timeout_s=20, what="c1 resigned")
+    wait_until(lambda: [c.epoch for c in (c1, c2) if c.is_active] == [2], timeout_s=20,
+               what="exactly one controller, epoch 2")
+    store_epoch = ZkStore(zk2)   # read through a client of the namespace
+    assert store_epoch.zk.get(L.CONTROLLER_EPOCH_PATH)[0] == b"2"
+    c1.close()
+    c2.close()
+
+
+def test_zookeeper_outage_of_10s_keeps_registration_and_election(zk_server, clients):
+    """ZooKeeper stopped ~10 s and started again: the broker is registered again in a live
+    session (the same one if it survived), exactly one controller is active, its epoch is
+    unchanged if its session survived and one higher if not, and the cluster id is stable."""
+    zk1, zk2 = clients(session_timeout_s=8.0), clients(session_timeout_s=8.0)
+    cluster_id = ZkStore(zk1).get_or_create_cluster_id()
+    reg = BrokerRegistration(zk1, L.BrokerInfo(broker_id=1, host="h", port=1))
+    reg.start(timeout_s=10)
+    c1 = ControllerCandidate(zk1, broker_id=1).start()
+    assert c1.wait_active(timeout_s=10)
+    c2 = ControllerCandidate(zk2, broker_id=2).start()
+    wait_until(lambda: c2.status().controller_id == 1, timeout_s=10, what="c2 follows c1")
+    sessions_before = (zk1.session_id, zk2.session_id)
+
+    zk_server.stop()
+    wait_until(lambda: zk1.state == KazooState.SUSPENDED, timeout_s=10, what="suspended")
+    wait_until(lambda: not c1.is_active and not reg.registered, timeout_s=10,
+               what="roles paused while disconnected")
+    assert c1.status().role == ControllerRole.SUSPENDED
+    time.sleep(OUTAGE_S)   # the outage itself is the fault under test
+    zk_server.start(timeout_s=30)
+
+    wait_until(lambda: reg.registered, timeout_s=30, what="broker registered again")
+    wait_until(lambda: sum(c.is_active for c in (c1, c2)) == 1, timeout_s=30,
+               what="exactly one active controller")
+    active = c1 if c1.is_active else c2
+    survived = zk1.session_id == sessions_before[0]
+    assert active.epoch == (1 if survived and active is c1 else 2)
+    assert _owner(zk_server, clients.root + "/brokers/ids/1") == zk1.session_id
+    assert _owner(zk_server, clients.root + "/controller") == active.zk.session_id
+    assert ZkStore(zk2).get_or_create_cluster_id() == cluster_id
+    reg.close()
+    c1.close()
+    c2.close()
