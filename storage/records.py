@@ -24,17 +24,46 @@ The CRC starts at ``attributes`` so that the leader can rewrite ``base_offset`` 
 LogAppendTime rewrite re-checksums.
 
 This module holds the batch-level framing used by the log (header parse, bounds and CRC
-validation, offset assignment). The per-record codec lives below it in this module too.
+validation, offset assignment) and, below it, the record codec:
+
+- ``build(values, keys=None, timestamps=None, headers=None, *, offset_deltas=None,
+  base_offset=0, compression=CODEC_NONE, timestamp_type=CREATE_TIME, producer_id=-1,
+  producer_epoch=-1, base_sequence=-1, partition_leader_epoch=-1, is_transactional=False,
+  is_control=False, now_ms=None) -> bytes`` (also ``RecordBatch.build``): one batch.
+- ``RecordBatch(buf)``: one batch, validated; ``.header``, ``.records()``, iteration,
+  ``.columns()``.
+- ``decode_records(buf)`` / ``decode_columns(buf)`` / ``iter_batches(buf)``: every batch of a
+  buffer of concatenated batches (a log read); ``Record`` is (offset, timestamp,
+  timestamp_type, key, value, headers).
+- ``upconvert(buf)`` / ``to_v2(buf)``: the seed's v0/v1 messages (see ``storage.legacy``).
+
+Decoding always checks the CRC and every length, and bounds decompression
+(``max_decompressed_bytes``, default 64 MiB per batch); bad bytes raise CorruptRecordError
+(UnsupportedCodecError / UnsupportedVersionError for an unknown codec / magic). Everything
+here is a pure function of its arguments and thread-safe.
+
+Performance note: the vectorised decoders allocate and free many ~100 KB numpy temporaries;
+glibc's default heap trimming then returns and page-faults that memory on every call, which
+costs 30-40% of decoding throughput. Processes that decode a lot (brokers, readers) gain it
+back with ``MALLOC_TRIM_THRESHOLD_=1000000000 MALLOC_MMAP_THRESHOLD_=1000000000`` in their
+environment (for Ray actors: ``runtime_env={"env_vars": {...}}``).
 """
 
 from __future__ import annotations
 
+import gc as _gc
+import itertools as _itertools
 import struct
+import time as _time
 from typing import Iterator, NamedTuple
 
 import crc32c as _crc32c
+import numpy as _np
 
-from .errors import CorruptRecordError, UnsupportedVersionError
+from . import compression as _compression
+from . import varint as _varint
+from .compression import DEFAULT_MAX_DECOMPRESSED_BYTES, codec_id
+from .errors import CorruptRecordError, InvalidRecordError, UnsupportedVersionError
 
 # One struct for the whole 61-byte header; every position below is derived from it.
 HEADER = struct.Struct(
@@ -244,3 +273,791 @@ def assign_offsets(batch, base_offset: int, *, log_append_time_ms: int | None = 
         _I64.pack_into(out, MAX_TIMESTAMP_POS, log_append_time_ms)
         _U32.pack_into(out, CRC_POS, _crc32c.crc32c(memoryview(out)[ATTRIBUTES_POS:]))
     return out
+
+
+# =========================================================================================
+# The record codec.
+#
+# Inside a batch, after the 61-byte header (compressed as a whole when the codec is not
+# none), come ``records_count`` records, each::
+#
+#     length          varint   bytes of the record after this field
+#     attributes      int8     unused, written 0
+#     timestamp_delta varlong  timestamp - base_timestamp
+#     offset_delta    varint   offset - base_offset
+#     key_length      varint   -1 for a null key
+#     key             bytes
+#     value_length    varint   -1 for a null value
+#     value           bytes
+#     header_count    varint
+#     headers         [key_length varint, key utf-8, value_length varint (-1 null), value]
+#
+# Speed comes from doing per-record work in C: the builder writes uniform records (same key
+# and value lengths, no headers: what producers mostly send) as 2-D numpy copies and falls
+# back to a tight list-join loop otherwise; the decoder finds record boundaries by
+# "galloping" (guess that the next records have the same length bytes as this one, verify
+# the guess for a whole window at once with numpy) and then decodes every field of every
+# record of every batch of a fetch with vectorised varint reads.
+# =========================================================================================
+
+
+NO_TIMESTAMP = -1
+# The smallest record: length, attributes, timestamp delta, offset delta, key length,
+# value length and header count, one byte each. Bounds what a records_count may claim.
+MIN_RECORD_BYTES = 7
+_PAD = b"\x00" * 32  # lets vectorised varint reads run past a record end without IndexError
+_INT32_MAX = 2**31 - 1
+
+
+def headers_type():
+    """The pyarrow type of the ``headers`` column: list<struct<key: string, value: binary>>.
+    (pyarrow is imported only by the columnar path: the log does not need it.)"""
+    import pyarrow as pa
+    return pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+class Record(NamedTuple):
+    """One decoded record. ``headers`` is a list of (key str, value bytes or None)."""
+
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: list
+
+
+# ---- building ---------------------------------------------------------------------------
+
+def build(values, keys=None, timestamps=None, headers=None, *, offset_deltas=None,
+          base_offset: int = 0, compression=CODEC_NONE, timestamp_type: int = CREATE_TIME,
+          producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+          base_sequence: int = NO_SEQUENCE,
+          partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+          is_transactional: bool = False, is_control: bool = False,
+          now_ms: int | None = None) -> bytes:
+    """One v2 batch holding ``values[i]`` with ``keys[i]``, ``timestamps[i]``, ``headers[i]``.
+
+    - ``values``/``keys``: sequences of bytes-like or None (null); ``keys=None``: all null.
+    - ``timestamps``: ms since the epoch; None: every record gets ``now_ms`` (default: now).
+    - ``headers``: None, or per record a list of (str key, bytes-or-None value).
+    - ``offset_deltas``: strictly increasing ints >= 0 (the compactor keeps original offsets,
+      gaps allowed); default 0..n-1. ``last_offset_delta`` is the last one.
+    - ``compression``: codec id (``CODEC_*``) or name ("none", "gzip", "snappy", "lz4").
+    - ``timestamp_type=LOG_APPEND_TIME`` sets the attribute bit and ``max_timestamp`` to
+      ``now_ms`` (the log append time); records keep their own deltas, and readers see
+      ``max_timestamp`` as every record's timestamp, as Kafka specifies.
+
+    The base timestamp is the first record's, as Kafka's producer writes it. Raises TypeError
+    or ValueError for malformed arguments, InvalidRecordError for offset deltas that are not
+    strictly increasing within int32, UnsupportedCodecError for an unknown codec.
+    """
+    n = len(values)
+    codec = codec_id(compression)
+    if codec == CODEC_ZSTD:
+        raise _compression.UnsupportedCodecError("compression codec zstd is not supported")
+    if keys is not None and len(keys) != n:
+        raise ValueError(f"{len(keys)} keys for {n} values")
+    if headers is not None and len(headers) != n:
+        raise ValueError(f"{len(headers)} header lists for {n} values")
+    if now_ms is None:
+        now_ms = int(_time.time() * 1000)
+    if timestamps is None:
+        ts = _np.full(n, now_ms, _np.int64)
+    else:
+        if len(timestamps) != n:
+            raise ValueError(f"{len(timestamps)} timestamps for {n} values")
+        ts = _np.asarray(timestamps, dtype=_np.int64)
+    if offset_deltas is None:
+        od = _np.arange(n, dtype=_np.int64)
+    else:
+        if len(offset_deltas) != n:
+            raise ValueError(f"{len(offset_deltas)} offset deltas for {n} values")
+        od = _np.asarray(offset_deltas, dtype=_np.int64)
+        if n and (od[0] < 0 or od[-1] > _INT32_MAX or (n > 1 and (_np.diff(od) <= 0).any())):
+            raise InvalidRecordError(
+                "offset_deltas must be strictly increasing integers in [0, 2**31-1]")
+    if n:
+        base_timestamp = int(ts[0])
+        max_timestamp = int(ts.max())
+        if (max_timestamp - base_timestamp > _varint.INT64_MAX
+                or int(ts.min()) - base_timestamp < _varint.INT64_MIN):
+            raise ValueError("timestamps too far apart for int64 timestamp deltas")
+        td = ts - ts[0]
+        last_offset_delta = int(od[-1])
+    else:
+        base_timestamp = max_timestamp = NO_TIMESTAMP
+        td = ts
+        last_offset_delta = 0
+    if timestamp_type == LOG_APPEND_TIME:
+        max_timestamp = now_ms
+    elif timestamp_type != CREATE_TIME:
+        raise ValueError(f"timestamp_type must be CREATE_TIME (0) or LOG_APPEND_TIME (1), "
+                         f"not {timestamp_type!r}")
+    attributes = (codec | (TIMESTAMP_TYPE_MASK if timestamp_type == LOG_APPEND_TIME else 0)
+                  | (TRANSACTIONAL_MASK if is_transactional else 0)
+                  | (CONTROL_MASK if is_control else 0))
+
+    records = None
+    if headers is None or not any(headers):
+        records = _build_uniform(values, keys, td, od, HEADER_SIZE if codec == CODEC_NONE
+                                 else 0)
+    if records is None:
+        records = _build_general(values, keys, td.tolist(), od.tolist(), headers,
+                                 HEADER_SIZE if codec == CODEC_NONE else 0)
+    if codec == CODEC_NONE:
+        out = records  # a writable buffer with HEADER_SIZE bytes reserved in front
+    else:
+        out = bytearray(HEADER_SIZE)
+        out += _compression.compress(codec, memoryview(records))
+    HEADER.pack_into(out, 0, base_offset, len(out) - LOG_OVERHEAD, partition_leader_epoch,
+                     CURRENT_MAGIC, 0, attributes, last_offset_delta, base_timestamp,
+                     max_timestamp, producer_id, producer_epoch, base_sequence, n)
+    _U32.pack_into(out, CRC_POS, _crc32c.crc32c(memoryview(out)[ATTRIBUTES_POS:]))
+    return out if isinstance(out, bytes) else bytes(out)
+
+
+def _lengths(items):
+    """(common length, joined bytes) when every item of ``items`` is bytes-like of one
+    length; (-1, b"") when all are None; None otherwise (the general path handles it)."""
+    if items is None:
+        return -1, b""
+    try:
+        lengths = set(map(len, items))
+    except TypeError:  # a None among them, or a wrong type that the general path reports
+        if all(item is None for item in items):
+            return -1, b""
+        return None
+    if len(lengths) > 1:
+        return None
+    try:
+        return (lengths.pop() if lengths else 0), b"".join(items)
+    except TypeError:
+        return None
+
+
+def _build_uniform(values, keys, td, od, reserve: int):
+    """The records of a batch whose keys all have one length (or are all null), whose values
+    all have one length, and that has no headers, as a writable buffer with ``reserve``
+    bytes in front; None when the batch is not like that.
+
+    The records then differ only in their timestamp and offset delta varints, so a run of
+    records whose two varints have the same sizes has one record size R: the run is an
+    (m, R) uint8 matrix, set to a template row and then overwritten column block by column
+    block (keys, values, varying deltas) with numpy copies.
+    """
+    n = len(values)
+    vk = _lengths(keys)
+    vv = _lengths(values) if vk is not None else None
+    if vv is None or n == 0:
+        return None
+    key_len, key_bytes = vk
+    value_len, value_bytes = vv
+    key_varint = _varint.varint(key_len)
+    value_varint = _varint.varint(value_len)
+    fields = [_Field.of(td), _Field.of(od)]
+    if fields[0].sizes is None and fields[1].sizes is None:
+        bounds = [0, n]
+    else:
+        code = fields[0].size_array(n) * 16 + fields[1].size_array(n)
+        cuts = _np.flatnonzero(code[1:] != code[:-1]) + 1
+        if len(cuts) > n // 16 + 4:  # many short runs: numpy's per-call cost would dominate
+            return None
+        bounds = [0, *cuts.tolist(), n]
+    fixed = (1 + len(key_varint) + max(key_len, 0) + len(value_varint) + max(value_len, 0)
+             + 1)
+    plan = []
+    total = reserve
+    for a, b in zip(bounds, bounds[1:]):
+        widths = [f.width(a) for f in fields]
+        body = fixed + sum(widths)
+        size = len(_varint.varint(body)) + body
+        plan.append((a, b, body, size, widths))
+        total += size * (b - a)
+    out = _np.empty(total, _np.uint8)
+    keys2d = (_np.frombuffer(key_bytes, _np.uint8).reshape(n, key_len) if key_len > 0
+              else None)
+    values2d = (_np.frombuffer(value_bytes, _np.uint8).reshape(n, value_len)
+                if value_len > 0 else None)
+    pos = reserve
+    for a, b, body, size, widths in plan:
+        m = b - a
+        rows = out[pos:pos + m * size].reshape(m, size)
+        # One template row holds every byte common to the run (lengths, constant deltas,
+        # zero header count); only keys, values and varying deltas are then copied over it.
+        template = bytearray(size)
+        varying = []  # (column, width, numpy rows or _Field)
+        layout = [_varint.varint(body) + b"\x00", *zip(fields, widths), key_varint,
+                  (keys2d, max(key_len, 0)), value_varint, (values2d, max(value_len, 0)),
+                  b"\x00"]
+        c = 0
+        for part in layout:
+            if isinstance(part, bytes):
+                template[c:c + len(part)] = part
+                c += len(part)
+                continue
+            src, width = part
+            if isinstance(src, _Field) and src.constant is not None:
+                template[c:c + width] = src.constant.tobytes()
+            elif width:
+                varying.append((c, width, src))
+            c += width
+        rows[:] = _np.frombuffer(template, _np.uint8)
+        for c, width, src in varying:
+            if isinstance(src, _Field):
+                rows[:, c:c + width] = src.encode(a, b, width)
+            else:
+                rows[:, c:c + width] = src[a:b]
+        pos += m * size
+    return out
+
+
+class _Field:
+    """A per-record varint field of the uniform builder; a constant field (all timestamps
+    equal, say) is encoded once and broadcast."""
+
+    __slots__ = ("values", "sizes", "constant")
+
+    def __init__(self, values, sizes, constant):
+        self.values = values
+        self.sizes = sizes
+        self.constant = constant
+
+    @classmethod
+    def of(cls, values) -> "_Field":
+        lo, hi = int(values.min()), int(values.max())
+        if lo == hi:
+            return cls(values, None, _np.frombuffer(_varint.varint(lo), _np.uint8))
+        if -64 <= lo and hi < 64:  # all one byte
+            return cls(values, None, None)
+        return cls(values, _varint.sizes_of(values), None)
+
+    def size_array(self, n: int):
+        return self.sizes if self.sizes is not None else self.width(0)
+
+    def width(self, i: int) -> int:
+        if self.constant is not None:
+            return len(self.constant)
+        return 1 if self.sizes is None else int(self.sizes[i])
+
+    def encode(self, a: int, b: int, width: int):
+        if self.constant is not None:
+            return self.constant
+        return _varint.encode_columns(self.values[a:b], width)
+
+
+def _build_general(values, keys, td, od, headers, reserve: int) -> bytearray:
+    """The records of any batch (``reserve`` bytes in front), one join; per record only
+    table lookups and a few appends."""
+    table = _varint.ZZ_TABLE
+    limit = _varint.TABLE_LIMIT
+    varint = _varint.varint
+    parts: list = [bytes(reserve)]
+    append = parts.append
+    if keys is None:
+        keys = _itertools.repeat(None)
+    if headers is None:
+        headers = _itertools.repeat(())
+    for value, key, t, o, hdrs in zip(values, keys, td, od, headers):
+        # Key and value are handled inline, not by a helper: a call per field would
+        # cost more than the rest of the loop body.
+        t_b = table[t + limit] if -limit <= t < limit else varint(t)
+        o_b = table[o + limit] if o < limit else varint(o)
+        if key is None:
+            k_b = b"\x01"
+            k_n = 0
+        else:
+            k_n = len(key)
+            k_b = table[k_n + limit] if k_n < limit else varint(k_n)
+        if value is None:
+            v_b = b"\x01"
+            v_n = 0
+        else:
+            v_n = len(value)
+            v_b = table[v_n + limit] if v_n < limit else varint(v_n)
+        if hdrs:
+            h_b = _encode_headers(hdrs)
+        else:
+            h_b = b"\x00"
+        body = 1 + len(t_b) + len(o_b) + len(k_b) + k_n + len(v_b) + v_n + len(h_b)
+        append((table[body + limit] if body < limit else varint(body)) + b"\x00" + t_b
+               + o_b + k_b)
+        if key is not None:
+            append(key)
+        append(v_b)
+        if value is not None:
+            append(value)
+        append(h_b)
+    try:
+        return bytearray().join(parts)
+    except TypeError as exc:
+        raise TypeError(f"keys and values must be bytes-like or None: {exc}") from None
+
+
+def _encode_headers(hdrs) -> bytes:
+    varint = _varint.varint
+    out = [varint(len(hdrs))]
+    for h_key, h_value in hdrs:
+        if isinstance(h_key, str):
+            h_key = h_key.encode("utf-8")
+        out.append(varint(len(h_key)))
+        out.append(bytes(h_key))
+        if h_value is None:
+            out.append(b"\x01")
+        else:
+            out.append(varint(len(h_value)))
+            out.append(bytes(h_value))
+    return b"".join(out)
+
+
+# ---- decoding -----------------------------------------------------------------------------
+
+class _Decoded(NamedTuple):
+    """Every record of some batches, as arrays (one entry per record) over ``data``: the
+    records of all the batches (decompressed), one after the other, padded with zeros."""
+
+    data: bytes
+    headers_of_batches: list  # BatchHeader per batch
+    counts: _np.ndarray  # records per batch
+    offset: _np.ndarray
+    timestamp: _np.ndarray
+    timestamp_type: _np.ndarray
+    key_start: _np.ndarray
+    key_len: _np.ndarray  # -1: null
+    value_start: _np.ndarray
+    value_len: _np.ndarray
+    headers: list | None  # per-record header lists; None when no record has any
+
+
+def _gather(buf, *, max_decompressed_bytes: int, skip_control_batches: bool):
+    """(batch headers, joined records data + padding, start of each batch's records in it).
+    Validates framing and CRC of every batch (trailing bytes included) and decompresses."""
+    mv = memoryview(buf)
+    batches: list[BatchHeader] = []
+    parts: list = []
+    starts: list[int] = []
+    total = 0
+    for header in iter_headers(buf):
+        if skip_control_batches and header.is_control:
+            continue
+        region = mv[header.position + HEADER_SIZE:header.position + header.size]
+        codec = header.compression
+        if codec != CODEC_NONE:
+            region = _compression.decompress(codec, region, max_bytes=max_decompressed_bytes)
+        count = header.records_count
+        if count * MIN_RECORD_BYTES > len(region):
+            raise CorruptRecordError(
+                f"batch at position {header.position} (base offset {header.base_offset}) "
+                f"claims {count} records but has only {len(region)} bytes of records")
+        batches.append(header)
+        parts.append(region)
+        starts.append(total)
+        total += len(region)
+    parts.append(_PAD)
+    return batches, b"".join(parts), starts, total
+
+
+class _Runs:
+    """Record boundaries found so far, as runs of equally long consecutive records."""
+
+    __slots__ = ("pos", "stride", "count", "length", "size")
+
+    def __init__(self):
+        self.pos: list[int] = []
+        self.stride: list[int] = []
+        self.count: list[int] = []
+        self.length: list[int] = []  # value of the record length varint
+        self.size: list[int] = []  # bytes of the record length varint
+
+    def add(self, pos: int, stride: int, count: int, length: int, size: int) -> None:
+        self.pos.append(pos)
+        self.stride.append(stride)
+        self.count.append(count)
+        self.length.append(length)
+        self.size.append(size)
+
+    def arrays(self, total: int):
+        """(start, length, length-varint size) of every record, numpy int64."""
+        counts = _np.array(self.count, _np.int64)
+        first = _np.cumsum(counts) - counts
+        stride = _np.array(self.stride, _np.int64)
+        starts = (_np.repeat(_np.array(self.pos, _np.int64) - stride * first, counts)
+                  + _np.repeat(stride, counts) * _np.arange(total, dtype=_np.int64))
+        return (starts, _np.repeat(_np.array(self.length, _np.int64), counts),
+                _np.repeat(_np.array(self.size, _np.int64), counts))
+
+
+def _chain(data: bytes, arr, start: int, end: int, count: int, runs: _Runs,
+           header: BatchHeader) -> None:
+    """Find the ``count`` records laid end to end in ``data[start:end]`` (one batch) and add
+    them to ``runs``; they must fill the region exactly.
+
+    Galloping: after decoding one record length in Python, guess that the next ``window``
+    records carry the same length bytes and verify the guess with one numpy comparison;
+    the longest verified prefix becomes a run. When guesses keep failing (records of
+    varied sizes) a few records are walked one by one before guessing again. Bounded: every
+    step consumes at least one record.
+    """
+    decode = _varint.decode_varint
+    i = 0
+    pos = start
+    window = count
+    plain = 0  # records left to walk one by one before the next guess
+    while i < count:
+        if pos >= end:
+            raise CorruptRecordError(
+                f"batch at position {header.position} (base offset {header.base_offset}): "
+                f"records_count is {count} but its records end after {i}")
+        length, after = decode(data, pos, end=end, max_bytes=_varint.MAX_VARINT_BYTES)
+        size = after - pos
+        stride = size + length
+        if length < 0 or pos + stride > end:
+            raise CorruptRecordError(
+                f"batch at position {header.position} (base offset {header.base_offset}): "
+                f"record {i} has length {length}, "
+                f"{'negative' if length < 0 else 'past the end of the batch'}")
+        run = 1
+        if plain:
+            plain -= 1
+        else:
+            m = min(count - i, window, (end - pos) // stride)
+            if m >= 8:
+                cand = _np.arange(pos, pos + m * stride, stride)
+                ok = arr[cand] == data[pos]
+                for k in range(1, size):
+                    ok &= arr[cand + k] == data[pos + k]
+                run = m if ok.all() else int(ok.argmin())
+            # Grow the window while guesses hold; keep failed guesses cheap (a bounded
+            # multiple of the run they found); walk irregular records one by one for a bit.
+            if run < 8:
+                plain, window = 16, 64
+            elif run == m:
+                window = m * 4
+            else:
+                window = max(64, run * 4)
+        runs.add(pos, stride, run, length, size)
+        i += run
+        pos += run * stride
+    if pos != end:
+        raise CorruptRecordError(
+            f"batch at position {header.position} (base offset {header.base_offset}): "
+            f"{end - pos} bytes after its {count} records (records_count mismatch or "
+            f"trailing bytes)")
+
+
+def _first_bad(mask, what: str, starts, batch_of, batches) -> CorruptRecordError:
+    i = int(_np.flatnonzero(mask)[0])
+    header = batches[int(batch_of[i])]
+    return CorruptRecordError(
+        f"batch at position {header.position} (base offset {header.base_offset}): {what} "
+        f"in the record at byte {int(starts[i])} of the decompressed records")
+
+
+def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+            skip_control_batches: bool = False) -> _Decoded:
+    batches, data, region_starts, n_data = _gather(
+        buf, max_decompressed_bytes=max_decompressed_bytes,
+        skip_control_batches=skip_control_batches)
+    arr = _np.frombuffer(data, _np.uint8)
+    counts = _np.array([h.records_count for h in batches], _np.int64)
+    n = int(counts.sum())
+    runs = _Runs()
+    region_ends = region_starts[1:] + [n_data]
+    for header, start, end in zip(batches, region_starts, region_ends):
+        _chain(data, arr, start, end, header.records_count, runs, header)
+    starts, lens, lsz = runs.arrays(n)
+    batch_of = _np.repeat(_np.arange(len(batches)), counts)
+    ends = starts + lsz + lens
+
+    def check(mask, what):
+        if mask.any():
+            raise _first_bad(mask, what, starts, batch_of, batches)
+
+    decode_at = _varint.decode_at
+    p = starts + lsz + 1  # skip the record attributes
+    ts_delta, s = decode_at(arr, p, _varint.MAX_VARLONG_BYTES, "timestamp delta")
+    p += s
+    off_delta, s = decode_at(arr, p, _varint.MAX_VARINT_BYTES, "offset delta")
+    p += s
+    key_len, s = decode_at(arr, p, _varint.MAX_VARINT_BYTES, "key length")
+    key_start = p + s
+    check((key_len < -1) | (key_start + _np.maximum(key_len, 0) > ends),
+          "key length out of bounds")
+    p = key_start + _np.maximum(key_len, 0)
+    value_len, s = decode_at(arr, p, _varint.MAX_VARINT_BYTES, "value length")
+    value_start = p + s
+    check((value_len < -1) | (value_start + _np.maximum(value_len, 0) > ends),
+          "value length out of bounds")
+    p = value_start + _np.maximum(value_len, 0)
+    header_count, s = decode_at(arr, p, _varint.MAX_VARINT_BYTES, "header count")
+    p += s
+    check(header_count < 0, "negative header count")
+    with_headers = _np.flatnonzero(header_count)
+    check((p != ends) & (header_count == 0), "record length mismatch")
+    headers = None
+    if len(with_headers):
+        headers = [[] for _ in range(n)]
+        for i in with_headers.tolist():
+            headers[i] = _parse_headers(data, int(p[i]), int(ends[i]), int(header_count[i]))
+
+    base_offset = _np.array([h.base_offset for h in batches], _np.int64)
+    log_append = _np.array([h.timestamp_type for h in batches], _np.int32)
+    base_ts = _np.array([h.base_timestamp for h in batches], _np.int64)
+    max_ts = _np.array([h.max_timestamp for h in batches], _np.int64)
+    timestamp = _np.where(log_append[batch_of] == 1, max_ts[batch_of],
+                          base_ts[batch_of] + ts_delta)
+    return _Decoded(data, batches, counts, base_offset[batch_of] + off_delta, timestamp,
+                    log_append[batch_of], key_start, key_len, value_start, value_len, headers)
+
+
+def _parse_headers(data: bytes, pos: int, end: int, count: int) -> list:
+    decode = _varint.decode_varint
+    out = []
+    if count > (end - pos) // 2:  # each header takes at least two bytes
+        raise CorruptRecordError(f"header count {count} at byte {pos} exceeds the record")
+    for _ in range(count):
+        k_len, pos = decode(data, pos, end=end, max_bytes=_varint.MAX_VARINT_BYTES)
+        if k_len < 0 or pos + k_len > end:
+            raise CorruptRecordError(f"header key length {k_len} at byte {pos} out of bounds")
+        try:
+            h_key = data[pos:pos + k_len].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(f"header key at byte {pos} is not UTF-8: {exc}") from None
+        pos += k_len
+        v_len, pos = decode(data, pos, end=end, max_bytes=_varint.MAX_VARINT_BYTES)
+        if v_len < -1 or pos + max(v_len, 0) > end:
+            raise CorruptRecordError(
+                f"header value length {v_len} at byte {pos} out of bounds")
+        if v_len < 0:
+            out.append((h_key, None))
+        else:
+            out.append((h_key, data[pos:pos + v_len]))
+            pos += v_len
+    if pos != end:
+        raise CorruptRecordError(f"record length mismatch: headers end at byte {pos}, the "
+                                 f"record at byte {end}")
+    return out
+
+
+def _slices(data: bytes, arr, start, length) -> list:
+    """data[start[i]:start[i]+length[i]] for each i as bytes, None where length is -1.
+
+    Strings of one length L are gathered as rows of an (m, L) array and turned into bytes
+    objects by numpy's void-dtype ``tolist`` (C speed); many distinct lengths fall back to
+    slicing one by one.
+    """
+    n = len(start)
+    if n == 0:
+        return []
+    lo = int(length.min())
+    hi = int(length.max())
+    if lo == hi:
+        return _rows(arr, start, lo)
+    distinct = _np.unique(length)
+    if len(distinct) > 16:
+        ends = start + _np.maximum(length, 0)
+        out = list(map(data.__getitem__, map(slice, start.tolist(), ends.tolist())))
+        for i in _np.flatnonzero(length < 0).tolist():
+            out[i] = None
+        return out
+    out = _np.empty(n, object)
+    for size in distinct.tolist():
+        idx = _np.flatnonzero(length == size)
+        out[idx] = _rows(arr, start[idx], size)
+    return out.tolist()
+
+
+def _rows(arr, start, size: int) -> list:
+    """[bytes(arr[s:s+size]) for s in start]; ``size`` -1 gives Nones."""
+    if size < 0:
+        return [None] * len(start)
+    if size == 0:
+        return [b""] * len(start)
+    rows = _np.lib.stride_tricks.as_strided(arr, (len(arr) - size + 1, size), (1, 1),
+                                            writeable=False)
+    return rows[start].view(f"V{size}").ravel().tolist()
+
+
+class _GcPaused:
+    """Pause the cyclic garbage collector while building many small containers that cannot
+    form cycles (records, header lists): its passes over them cost ~30% of decoding."""
+
+    __slots__ = ("_was_enabled",)
+
+    def __enter__(self):
+        self._was_enabled = _gc.isenabled()
+        _gc.disable()
+
+    def __exit__(self, *exc):
+        if self._was_enabled:
+            _gc.enable()
+
+
+def _to_records(d: _Decoded) -> list[Record]:
+    n = len(d.offset)
+    arr = _np.frombuffer(d.data, _np.uint8)
+    tt = d.timestamp_type
+    types = (_itertools.repeat(int(tt[0])) if n and (tt == tt[0]).all() else tt.tolist())
+    with _GcPaused():
+        keys = _slices(d.data, arr, d.key_start, d.key_len)
+        values = _slices(d.data, arr, d.value_start, d.value_len)
+        headers = d.headers if d.headers is not None else [[] for _ in range(n)]
+        rows = zip(d.offset.tolist(), d.timestamp.tolist(), types, keys, values, headers)
+        return list(map(tuple.__new__, _itertools.repeat(Record), rows))
+
+
+def _binary_column(data_buffer, arr, start, length):
+    """A pyarrow binary column of data[start[i]:start[i]+length[i]] (null where -1), built as
+    a zero-copy binary_view over ``data`` and then cast (one C++ gather) to binary."""
+    n = len(start)
+    views = _np.zeros((n, 16), _np.uint8)
+    views32 = views.view(_np.int32)
+    nonneg = _np.maximum(length, 0)
+    views32[:, 0] = nonneg
+    # Strings of <= 12 bytes are stored inline; longer ones keep a 4-byte prefix inline.
+    # ``windows[p]`` is data[p:p+12] (a strided view, no copy): one row gather per string.
+    windows = _np.lib.stride_tricks.as_strided(arr, (len(arr) - 12, 12), (1, 1),
+                                               writeable=False)
+    lo = int(nonneg.min()) if n else 0
+    hi = int(nonneg.max()) if n else 0
+    if lo > 12:  # all long: only the prefix
+        views[:, 4:8] = windows[start, :4]
+    elif lo == hi:  # all of one short length: no masking needed
+        views[:, 4:4 + lo] = windows[start, :lo]
+    else:
+        inline = windows[start]
+        inline *= _np.arange(12, dtype=_np.int64)[None, :] < nonneg[:, None]
+        views[:, 4:16] = inline
+    long_ = nonneg > 12
+    views32[long_, 2] = 0  # data buffer index
+    views32[long_, 3] = start[long_]
+    import pyarrow as pa
+    nulls = length < 0
+    null_count = int(nulls.sum())
+    validity = (pa.py_buffer(_np.packbits(~nulls, bitorder="little")) if null_count
+                else None)
+    view = pa.Array.from_buffers(pa.binary_view(), n,
+                                  [validity, pa.py_buffer(views), data_buffer],
+                                  null_count=null_count)
+    return view.cast(pa.binary())
+
+
+def _to_columns(d: _Decoded) -> dict:
+    import pyarrow as pa
+    n = len(d.offset)
+    headers_t = headers_type()
+    arr = _np.frombuffer(d.data, _np.uint8)
+    data_buffer = pa.py_buffer(d.data)
+    if d.headers is None:
+        headers = pa.ListArray.from_arrays(pa.array(_np.zeros(n + 1, _np.int32)),
+                                           pa.array([], headers_t.value_type), type=headers_t)
+    else:
+        headers = pa.array([[{"key": k, "value": v} for k, v in h] for h in d.headers],
+                            type=headers_t)
+    return {
+        "offset": pa.array(d.offset),
+        "timestamp": pa.array(d.timestamp),
+        "timestamp_type": pa.array(d.timestamp_type),
+        "key": _binary_column(data_buffer, arr, d.key_start, d.key_len),
+        "value": _binary_column(data_buffer, arr, d.value_start, d.value_len),
+        "headers": headers,
+    }
+
+
+def decode_records(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+                   skip_control_batches: bool = False) -> list[Record]:
+    """Every record of the v2 batches concatenated in ``buf`` (what a log read returns).
+
+    Validates each batch (framing, CRC32C, varints, lengths, counts; trailing bytes are
+    corrupt) and raises CorruptRecordError, or its subclasses UnsupportedCodecError and
+    UnsupportedVersionError, saying what is wrong and where.
+    """
+    return _to_records(_decode(buf, max_decompressed_bytes=max_decompressed_bytes,
+                               skip_control_batches=skip_control_batches))
+
+
+def decode_columns(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+                   skip_control_batches: bool = False) -> dict:
+    """The records of the v2 batches in ``buf`` as pyarrow arrays: ``offset`` int64,
+    ``timestamp`` int64 (ms), ``timestamp_type`` int32, ``key`` and ``value`` binary (null
+    for null), ``headers`` list<struct<key: string, value: binary>>. ``pa.table(result)``
+    makes a table. Validates as ``decode_records`` does."""
+    return _to_columns(_decode(buf, max_decompressed_bytes=max_decompressed_bytes,
+                               skip_control_batches=skip_control_batches))
+
+
+def iter_batches(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+                 ) -> Iterator["RecordBatch"]:
+    """A RecordBatch for each batch in ``buf``; raises on the first bad one."""
+    mv = memoryview(buf)
+    for header in iter_headers(buf):
+        yield RecordBatch(mv[header.position:header.position + header.size],
+                          max_decompressed_bytes=max_decompressed_bytes, _header=header)
+
+
+class RecordBatch:
+    """One v2 batch: ``RecordBatch(buf)`` validates the header and CRC (``buf`` must be
+    exactly one batch); ``.header`` is its BatchHeader; ``.records()`` decodes it (cached),
+    iteration yields its records, ``len()`` is its records_count and ``.columns()`` gives
+    pyarrow columns as ``decode_columns`` does. ``RecordBatch.build(...)`` is ``build``.
+    Immutable after construction apart from the decode cache; not thread-safe to share while
+    first decoding (decode twice at worst)."""
+
+    __slots__ = ("header", "_buf", "_max_decompressed_bytes", "_decoded")
+
+    build = staticmethod(build)
+
+    def __init__(self, buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+                 _header: BatchHeader | None = None):
+        header = _header if _header is not None else parse_header(buf, 0)
+        if header.size != len(buf):
+            raise CorruptRecordError(
+                f"{len(buf) - header.size} trailing bytes after the batch of {header.size} "
+                f"bytes")
+        self.header = header
+        self._buf = buf
+        self._max_decompressed_bytes = max_decompressed_bytes
+        self._decoded = None
+
+    @classmethod
+    def from_bytes(cls, buf, **kwargs) -> "RecordBatch":
+        return cls(buf, **kwargs)
+
+    def _decode(self) -> _Decoded:
+        if self._decoded is None:
+            self._decoded = _decode(self._buf,
+                                    max_decompressed_bytes=self._max_decompressed_bytes)
+        return self._decoded
+
+    def records(self) -> list[Record]:
+        return _to_records(self._decode())
+
+    def columns(self) -> dict:
+        return _to_columns(self._decode())
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records())
+
+    def __len__(self) -> int:
+        return self.header.records_count
+
+    def __bytes__(self) -> bytes:
+        return bytes(self._buf)
+
+    def __repr__(self) -> str:
+        h = self.header
+        return (f"RecordBatch(base_offset={h.base_offset}, records={h.records_count}, "
+                f"codec={_compression.CODEC_NAMES.get(h.compression, h.compression)}, "
+                f"size={h.size})")
+
+
+def upconvert(buf, **kwargs) -> bytes:
+    """See ``storage.legacy.upconvert`` (re-exported here for one import site)."""
+    from .legacy import upconvert as _upconvert
+    return _upconvert(buf, **kwargs)
+
+
+def to_v2(buf, **kwargs) -> bytes:
+    """See ``storage.legacy.to_v2``."""
+    from .legacy import to_v2 as _to_v2
+    return _to_v2(buf, **kwargs)

@@ -266,12 +266,14 @@ class LogSegment:
         """Rebuild both indexes from batch headers (no CRC checks): for segments below the
         recovery point, whose bytes were flushed. Stops quietly at the first bad header;
         reads past it report CorruptRecordError."""
+        size = self.size  # _reset_state zeroes it; the file keeps every byte it has
         self._reset_state()
         try:
-            for header in self.scan_headers(0):
+            for header in self.scan_headers(0, size):
                 self._index_batch(header)
         except CorruptRecordError:
             pass
+        self.size = size  # reads past a bad header must report it, not see an end
         self.offset_index.rewrite()
         self.time_index.rewrite()
 
