@@ -93,6 +93,7 @@ def test_an_expired_session_makes_the_broker_register_again(cluster):
     zk = zk_client(cluster)
     try:
         cluster.admin().create_topic("exp", partitions=3)
+        p = [r["partition"] for r in cluster.admin().describe_topic("exp") if r["leader"] == 1][0]
         broker = cluster.broker(1)
         sid = ray.get(broker.session_id.remote())
         password = ray.get(broker.session_password.remote())
@@ -107,8 +108,11 @@ def test_an_expired_session_makes_the_broker_register_again(cluster):
                    st.ephemeralOwner != sid, timeout_s=30, what="re-registration")
         wait_until(lambda: ray.get(broker.registered.remote()), what="registered flag")
         assert ray.get(broker.session_id.remote()) != sid
-        p = [r["partition"] for r in cluster.admin().describe_topic("exp") if r["leader"] == 1][0]
-        assert _produce(cluster, "exp", p, 10, b"after") == list(range(10))
+        # the controller saw broker 1 leave and come back: its partition returns to it
+        wait_until(lambda: cluster.metadata.refresh()["topics"]["exp"][p]["leader"] == 1,
+                   what="partition led by broker 1 again")
+        assert wait_until(lambda: _produce(cluster, "exp", p, 10, b"after"),
+                          what="produce after re-registration") == list(range(10))
     finally:
         zk.stop()
         zk.close()

@@ -1,0 +1,235 @@
+"""Consumer (kafka-python names): fetches from partition leaders, tracks positions.
+
+This is the consumer without a group (``group_id=None``): partitions come from ``assign``,
+or from ``subscribe`` (every partition of the matching topics, re-read as topics appear).
+Positions start per ``auto_offset_reset``; an out-of-range position is reset the same way.
+Fetches to all assigned partitions run in parallel, one request per partition per poll.
+Consumer groups (JoinGroup/SyncGroup, commits, the seed's message streams) are built by the
+consumer-group layer; until then a ``group_id`` raises IllegalStateError.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from . import raycompat
+from .errors import (IllegalStateError, InvalidConfigurationError,
+                     LeaderNotAvailableError, NotLeaderForPartitionError, OffsetOutOfRangeError,
+                     UnknownTopicOrPartitionError)
+
+ray = raycompat.ray
+
+DEFAULTS = {
+    "group_id": None,
+    "auto_offset_reset": "latest",
+    "enable_auto_commit": True,
+    "auto_commit_interval_ms": 5000,
+    "session_timeout_ms": 10000,
+    "heartbeat_interval_ms": 3000,
+    "max_poll_records": 500,
+    "partition_assignment_strategy": "range",
+    "offsets_storage": "kafka",
+    "key_deserializer": None,
+    "value_deserializer": None,
+    "fetch_max_bytes": 1 << 20,
+    "consumer_timeout_ms": float("inf"),
+    "request_timeout_ms": 30000,
+    "client_id": "raykafka-consumer",
+}
+
+
+class Consumer:
+    def __init__(self, cluster, *topics, **config):
+        unknown = set(config) - set(DEFAULTS)
+        if unknown:
+            raise InvalidConfigurationError(f"unknown consumer config {sorted(unknown)}; "
+                                            f"known: {sorted(DEFAULTS)}")
+        self.config = {**DEFAULTS, **config}
+        if self.config["auto_offset_reset"] not in ("earliest", "latest"):
+            raise InvalidConfigurationError(
+                f"auto_offset_reset must be 'earliest' or 'latest', got "
+                f"{self.config['auto_offset_reset']!r}")
+        if self.config["group_id"] is not None:
+            raise IllegalStateError("consumer groups are not built yet: use group_id=None "
+                                    "with assign() or subscribe()")
+        self.cluster = cluster
+        self.metadata = cluster.metadata
+        self._assigned: list[tuple[str, int]] = []
+        self._positions: dict[tuple[str, int], int] = {}
+        self._subscription: set[str] = set()
+        self._pattern = None
+        self._buffer: list = []
+        self._closed = False
+        if topics:
+            self.subscribe(topics)
+
+    # -- assignment -------------------------------------------------------------------------
+    def subscribe(self, topics=(), pattern: str | None = None) -> None:
+        self._check_open()
+        if isinstance(topics, str):
+            topics = [topics]
+        if not topics and pattern is None:
+            raise IllegalStateError("subscribe needs topics or a pattern")
+        self._subscription = set(topics)
+        self._pattern = re.compile(pattern) if pattern is not None else None
+        self._refresh_subscription()
+
+    def _refresh_subscription(self) -> None:
+        if not self._subscription and self._pattern is None:
+            return
+        topics = self.metadata.refresh().get("topics", {})
+        wanted = [t for t in topics if t in self._subscription or
+                  (self._pattern is not None and self._pattern.fullmatch(t))]
+        tps = [(t, p) for t in sorted(wanted) for p in sorted(topics[t])]
+        self._set_assignment(tps)
+
+    def assign(self, partitions) -> None:
+        self._check_open()
+        tps = []
+        for tp in partitions:
+            topic, partition = tp
+            if partition not in self.metadata.partitions_for(topic):
+                raise UnknownTopicOrPartitionError(f"{topic} has no partition {partition}")
+            tps.append((topic, partition))
+        self._subscription, self._pattern = set(), None
+        self._set_assignment(tps)
+
+    def _set_assignment(self, tps) -> None:
+        self._assigned = list(tps)
+        self._positions = {tp: off for tp, off in self._positions.items() if tp in tps}
+        self._buffer = [r for r in self._buffer if (r.topic, r.partition) in self._positions]
+
+    def assignment(self) -> set:
+        return set(self._assigned)
+
+    def unsubscribe(self) -> None:
+        self._subscription, self._pattern = set(), None
+        self._set_assignment([])
+
+    # -- positions ----------------------------------------------------------------------------
+    def _list_offset(self, tp, time_ms: int) -> int:
+        leader = self.metadata.leader(*tp)
+        return ray.get(leader.handle.list_offsets.remote(time_ms, 1),
+                       timeout=self.config["request_timeout_ms"] / 1000)[0]
+
+    def position(self, tp) -> int:
+        tp = tuple(tp)
+        self._require_assigned(tp)
+        if tp not in self._positions:
+            reset = -2 if self.config["auto_offset_reset"] == "earliest" else -1
+            self._positions[tp] = self._list_offset(tp, reset)
+        return self._positions[tp]
+
+    def seek(self, tp, offset: int) -> None:
+        tp = tuple(tp)
+        self._require_assigned(tp)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise OffsetOutOfRangeError(f"seek offset must be an integer >= 0, got {offset!r}")
+        self._positions[tp] = offset
+        self._buffer = [r for r in self._buffer if (r.topic, r.partition) != tp]
+
+    def seek_to_beginning(self, *tps) -> None:
+        for tp in tps or self._assigned:
+            self.seek(tp, self._list_offset(tuple(tp), -2))
+
+    def seek_to_end(self, *tps) -> None:
+        for tp in tps or self._assigned:
+            self.seek(tp, self._list_offset(tuple(tp), -1))
+
+    def _require_assigned(self, tp) -> None:
+        if tp not in self._assigned:
+            raise IllegalStateError(f"partition {tp} is not assigned to this consumer")
+
+    # -- commits (groups only) ----------------------------------------------------------------
+    def commit(self, offsets=None) -> None:
+        raise IllegalStateError("commit needs a group_id (consumer groups are not built yet)")
+
+    def committed(self, tp):
+        return None
+
+    # -- fetching -------------------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
+        self._check_open()
+        if self._pattern is not None or self._subscription:
+            self._refresh_subscription()
+        limit = max_records or self.config["max_poll_records"]
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        while not self._buffer:
+            self._fetch_once()
+            if self._buffer or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+        taken, self._buffer = self._buffer[:limit], self._buffer[limit:]
+        out: dict = {}
+        for rec in taken:
+            out.setdefault((rec.topic, rec.partition), []).append(rec)
+        return out
+
+    def _fetch_once(self) -> None:
+        from storage.records import decode_records
+
+        from .types import Record
+        refs = {}
+        for tp in self._assigned:
+            try:
+                offset = self.position(tp)
+                leader = self.metadata.leader(*tp)
+            except (LeaderNotAvailableError, UnknownTopicOrPartitionError):
+                self.metadata.invalidate()
+                continue
+            refs[tp] = (offset, leader.handle.fetch.remote(offset, self.config["fetch_max_bytes"]))
+        kd, vd = self.config["key_deserializer"], self.config["value_deserializer"]
+        for tp, (offset, ref) in refs.items():
+            try:
+                result = ray.get(ref, timeout=self.config["request_timeout_ms"] / 1000)
+            except OffsetOutOfRangeError:
+                self._positions.pop(tp, None)  # reset per auto_offset_reset next time
+                continue
+            except (NotLeaderForPartitionError, LeaderNotAvailableError,
+                    ray.exceptions.RayActorError):
+                self.metadata.invalidate()
+                continue
+            recs = [r for r in decode_records(result.data) if r.offset >= offset]
+            if not recs:
+                continue
+            for r in recs:
+                self._buffer.append(Record(
+                    tp[0], tp[1], r.offset, r.timestamp, r.timestamp_type,
+                    kd(r.key) if kd and r.key is not None else r.key,
+                    vd(r.value) if vd and r.value is not None else r.value, r.headers))
+            self._positions[tp] = recs[-1].offset + 1
+
+    def __iter__(self):
+        idle_since = time.monotonic()
+        while not self._closed:
+            batch = self.poll(timeout_ms=100)
+            if not batch:
+                if (time.monotonic() - idle_since) * 1000 >= self.config["consumer_timeout_ms"]:
+                    return
+                continue
+            idle_since = time.monotonic()
+            for recs in batch.values():
+                yield from recs
+
+    # -- the seed's stream API needs groups --------------------------------------------------------
+    def create_message_streams(self, topic_count_map):
+        raise IllegalStateError("message streams need consumer groups, not built yet")
+
+    def create_message_streams_by_filter(self, whitelist=None, blacklist=None, n_streams=1):
+        raise IllegalStateError("message streams need consumer groups, not built yet")
+
+    def close(self) -> None:
+        self._closed = True
+        self._buffer = []
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError("consumer is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
