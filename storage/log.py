@@ -449,7 +449,10 @@ class Log:
                 self._schedule_delete(seg)
             keep[-1].truncate_to(offset)
             leo = keep[-1].next_offset
-            self._publish(keep, min(v.log_start_offset, leo), leo)
+            log_start = min(v.log_start_offset, leo)
+            self._publish(keep, log_start, leo)
+            if log_start != v.log_start_offset:
+                write_offset(self._file(LOG_START), log_start)
             if self.recovery_point > leo:
                 self.recovery_point = leo
                 write_offset(self._file(RECOVERY_POINT), leo)

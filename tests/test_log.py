@@ -280,6 +280,21 @@ def test_truncate_to(tmp_path):
         _stored_matches(read_all(log), written[:4] + more)
 
 
+def test_truncation_below_the_log_start_lowers_it_durably(tmp_path):
+    """A truncation whose whole-batch cut ends below the log start lowers the log start, and
+    the lowered value survives a reopen (records appended after it stay readable)."""
+    with Log.open(str(tmp_path)) as log:
+        log.append(make_batch(1))
+        log.append(make_batch(2))                 # offsets 1..2
+        log.delete_records_before(2)
+        assert log.truncate_to(2) == 1            # batch 1..2 holds 2: it goes whole
+        assert log.log_start_offset == 1
+        log.append(make_batch(1))                 # offset 1
+    with Log.open(str(tmp_path)) as log:
+        assert (log.log_start_offset, log.log_end_offset) == (1, 2)
+        assert split_batches(log.read(1))[0].base_offset == 1
+
+
 def test_truncate_fully_and_start_at(tmp_path):
     """truncate_fully_and_start_at empties the log and restarts it at the offset; it survives
     a reopen."""

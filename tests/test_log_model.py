@@ -175,7 +175,7 @@ class LogMachine(RuleBasedStateMachine):
     @rule()
     def crash_and_reopen(self):
         """Reopening a crash image of the directory (recovery) changes nothing either."""
-        image = self.path + f"-crash{next(self._dirs)}"
+        image = str(self.tmp_path / f"crash{next(self._dirs)}")
         crash_image(self.path, image)
         self.log.close()
         self.path = image
