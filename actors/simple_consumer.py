@@ -1,0 +1,279 @@
+"""SimpleConsumer: the seed's low-level consumer. The caller names topic, partition and
+offset; no group, no committed offsets, no background threads.
+
+- ``fetch(topic, partition, offset, max_bytes=1048576) -> list[Record]``: the records at or
+  after ``offset`` from one fetch of the partition leader (whole batches of at most about
+  ``max_bytes``, a first batch larger than that still whole; records before ``offset`` in
+  the first batch are dropped). Up to the high watermark; an empty list at the end.
+- ``multifetch([(topic, partition, offset, max_bytes), ...]) -> {(topic, partition):
+  [Record]}``: all requests issued at once (one actor call each), then gathered.
+- ``offsets_before(topic, partition, time_ms, max_offsets=1) -> [int]``: descending;
+  ``time_ms=-1`` latest (the high watermark), ``-2`` earliest (the log start offset).
+- ``fetch_columns`` / ``multifetch_columns``: the same reads decoded straight into a
+  pyarrow Table (offset, timestamp, timestamp_type, key, value, headers): the bulk path.
+
+Errors are typed: OffsetOutOfRangeError (below the log start or past the high watermark),
+UnknownTopicOrPartitionError (after one metadata refresh). A stale leader
+(NotLeaderForPartition, LeaderNotAvailable, the leader actor dead or unreachable) makes it
+invalidate the metadata and retry, ``retries`` times with backoff, then raise the last
+error. Every call has a timeout (``request_timeout_ms``). Thread-safe (no mutable state
+beyond the metadata object, which is thread-safe).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import ray
+import ray.exceptions
+
+from storage.records import decode_columns, decode_records
+
+from .errors import (IllegalArgumentError, KafkaError, KafkaStorageError, KafkaTimeoutError,
+                     UnknownTopicOrPartitionError)
+from .producer import unwrap, validate_config
+from .types import Record
+
+DEFAULT_CONFIG = {
+    "retries": 5,
+    "retry_backoff_ms": 100,
+    "retry_backoff_max_ms": 1000,
+    "request_timeout_ms": 30000,
+    "key_deserializer": None,
+    "value_deserializer": None,
+    "client_id": None,
+}
+
+DEFAULT_FETCH_MAX_BYTES = 1048576
+
+
+def _retriable(exc: BaseException) -> bool:
+    if isinstance(exc, UnknownTopicOrPartitionError):
+        return False  # the metadata has refreshed once already before saying so
+    if isinstance(exc, KafkaStorageError):
+        return True   # as in Kafka: the replica's log is offline or closing; try again
+    if isinstance(exc, KafkaError):
+        return bool(exc.retriable)
+    return isinstance(exc, ray.exceptions.RayActorError)
+
+
+class SimpleConsumer:
+    """``SimpleConsumer(metadata, **config)``; see the module docstring."""
+
+    def __init__(self, metadata, **config):
+        self.metadata = metadata
+        self.config = validate_config(config, DEFAULT_CONFIG, "simple consumer")
+        self._timeout_s = self.config["request_timeout_ms"] / 1000.0
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> "SimpleConsumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- public reads ----------------------------------------------------------------------
+    def fetch(self, topic: str, partition: int, offset: int,
+              max_bytes: int = DEFAULT_FETCH_MAX_BYTES) -> list[Record]:
+        _check_request(topic, partition, offset, max_bytes)
+        data = self._call(topic, partition, "fetch", offset, max_bytes).data
+        return self._records(topic, partition, offset, data)
+
+    def multifetch(self, requests) -> dict:
+        datas = self._multicall(requests)
+        return {(t, p): self._records(t, p, o, d) for (t, p, o, _), d in datas}
+
+    def fetch_columns(self, topic: str, partition: int, offset: int,
+                      max_bytes: int = DEFAULT_FETCH_MAX_BYTES):
+        """The records at or after ``offset`` as a ``pyarrow.Table`` (columns offset,
+        timestamp, timestamp_type, key, value, headers); keys and values raw bytes."""
+        _check_request(topic, partition, offset, max_bytes)
+        data = self._call(topic, partition, "fetch", offset, max_bytes).data
+        return _table(offset, data)
+
+    def multifetch_columns(self, requests) -> dict:
+        """``multifetch`` into pyarrow Tables: ``{(topic, partition): Table}``."""
+        return {(t, p): _table(o, d) for (t, p, o, _), d in self._multicall(requests)}
+
+    def iter_columns(self, topic: str, partitions=None, start_offsets=None,
+                     end_offsets=None, max_bytes: int = 4 << 20):
+        """Read partitions from start to end as a stream of ``(partition, pyarrow.Table)``
+        (the consume throughput path).
+
+        ``partitions``: None for all; ``start_offsets``/``end_offsets``: None for the log
+        start / the high watermark at the call, or ``{partition: offset}`` (end exclusive).
+        One fetch per partition stays in flight: the next one is issued (its offset read
+        from the batch headers) before the current answer is decoded, so fetching and
+        decoding overlap. Stale leaders are retried as in ``fetch``.
+        """
+        from storage.records import iter_headers
+        parts = list(self.metadata.partitions_for(topic) if partitions is None else partitions)
+        start = {p: (start_offsets or {}).get(p) for p in parts}
+        end = {p: (end_offsets or {}).get(p) for p in parts}
+        for p in parts:
+            if start[p] is None:
+                start[p] = self.offsets_before(topic, p, -2)[0]
+            if end[p] is None:
+                end[p] = self.offsets_before(topic, p, -1)[0]
+        pos = dict(start)
+        inflight = {}   # ObjectRef -> partition
+
+        def issue(p):
+            if pos[p] < end[p]:
+                ref = self.metadata.leader(topic, p).handle.fetch.remote(pos[p], max_bytes)
+                inflight[ref] = p
+
+        for p in parts:
+            issue(p)
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=self._timeout_s)
+            if not ready:
+                raise KafkaTimeoutError(f"fetch of {topic} did not answer within "
+                                        f"{self._timeout_s}s")
+            p = inflight.pop(ready[0])
+            offset = pos[p]
+            try:
+                data = ray.get(ready[0], timeout=self._timeout_s).data
+            except Exception as exc:  # noqa: BLE001 - typed below
+                error = unwrap(exc)
+                if not _retriable(error):
+                    raise error from None
+                self.metadata.invalidate(topic)
+                data = self._call(topic, p, "fetch", offset, max_bytes).data
+            last = None
+            for last in iter_headers(data, check_crc=False):
+                pass
+            if last is None:
+                raise KafkaTimeoutError(f"{topic}-{p}: empty fetch at offset {offset} before "
+                                        f"the end offset {end[p]} (records deleted?)")
+            pos[p] = last.next_offset
+            issue(p)
+            table = _table(offset, data)
+            if pos[p] > end[p]:
+                table = table.filter(_lt(table, end[p]))
+            yield p, table
+
+    def offsets_before(self, topic: str, partition: int, time_ms: int,
+                       max_offsets: int = 1) -> list[int]:
+        if isinstance(time_ms, bool) or not isinstance(time_ms, int):
+            raise IllegalArgumentError(f"time_ms must be an int, got {time_ms!r}")
+        if isinstance(max_offsets, bool) or not isinstance(max_offsets, int) or max_offsets < 1:
+            raise IllegalArgumentError(f"max_offsets must be an int >= 1, got {max_offsets!r}")
+        _check_tp(topic, partition)
+        return list(self._call(topic, partition, "list_offsets", time_ms, max_offsets))
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _records(self, topic: str, partition: int, offset: int, data) -> list[Record]:
+        kd = self.config["key_deserializer"]
+        vd = self.config["value_deserializer"]
+        out = []
+        append = out.append
+        for r in decode_records(data):
+            if r.offset < offset:
+                continue
+            key, value = r.key, r.value
+            if kd is not None and key is not None:
+                key = kd(key)
+            if vd is not None and value is not None:
+                value = vd(value)
+            append(Record(topic, partition, r.offset, r.timestamp, r.timestamp_type, key,
+                          value, r.headers))
+        return out
+
+    def _backoff(self, attempt: int) -> float:
+        cfg = self.config
+        return min(cfg["retry_backoff_ms"] * (2 ** attempt), cfg["retry_backoff_max_ms"]) / 1000
+
+    def _call(self, topic: str, partition: int, method: str, *args):
+        """One request to the leader of (topic, partition), retried on a stale leader."""
+        if self._closed:
+            from .errors import IllegalStateError
+            raise IllegalStateError("the simple consumer is closed")
+        attempt = 0
+        while True:
+            try:
+                leader = self.metadata.leader(topic, partition)
+                ref = getattr(leader.handle, method).remote(*args)
+                return ray.get(ref, timeout=self._timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise KafkaTimeoutError(f"{method} of {topic}-{partition} did not answer "
+                                        f"within {self._timeout_s}s") from None
+            except Exception as exc:  # noqa: BLE001 - typed below
+                error = unwrap(exc)
+                if not _retriable(error) or attempt >= self.config["retries"]:
+                    raise error from None
+                self.metadata.invalidate(topic)
+                time.sleep(self._backoff(attempt))
+                attempt += 1
+
+    def _multicall(self, requests) -> list:
+        """[((topic, partition, offset, max_bytes), fetched bytes)], the fetches issued
+        together; the ones that fail retriably are redone one by one (with retries)."""
+        requests = [tuple(r) for r in requests]
+        for r in requests:
+            if len(r) != 4:
+                raise IllegalArgumentError(
+                    f"multifetch takes (topic, partition, offset, max_bytes) tuples, got {r!r}")
+            _check_request(*r)
+        refs = []
+        for t, p, o, m in requests:
+            try:
+                refs.append(self.metadata.leader(t, p).handle.fetch.remote(o, m))
+            except Exception as exc:  # noqa: BLE001 - redone (or raised) by _call below
+                if not _retriable(exc):
+                    raise
+                refs.append(None)
+        out = []
+        deadline = time.monotonic() + self._timeout_s
+        for (t, p, o, m), ref in zip(requests, refs):
+            data = None
+            if ref is not None:
+                try:
+                    data = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001)).data
+                except ray.exceptions.GetTimeoutError:
+                    raise KafkaTimeoutError(f"fetch of {t}-{p} did not answer within "
+                                            f"{self._timeout_s}s") from None
+                except Exception as exc:  # noqa: BLE001 - typed below
+                    error = unwrap(exc)
+                    if not _retriable(error):
+                        raise error from None
+                    self.metadata.invalidate(t)
+            if data is None:
+                data = self._call(t, p, "fetch", o, m).data
+            out.append(((t, p, o, m), data))
+        return out
+
+
+def _check_tp(topic, partition) -> None:
+    if not isinstance(topic, str) or not topic:
+        raise IllegalArgumentError(f"topic must be a non-empty str, got {topic!r}")
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise IllegalArgumentError(f"partition must be an int >= 0, got {partition!r}")
+
+
+def _check_request(topic, partition, offset, max_bytes) -> None:
+    _check_tp(topic, partition)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise IllegalArgumentError(f"offset must be an int >= 0, got {offset!r}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise IllegalArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+
+
+def _lt(table, end: int):
+    import pyarrow.compute as pc
+    return pc.less(table.column("offset"), end)
+
+
+def _table(offset: int, data):
+    import pyarrow as pa
+    columns = decode_columns(data)
+    table = pa.table(columns)
+    if table.num_rows:
+        first = int(np.searchsorted(columns["offset"].to_numpy(), offset, side="left"))
+        if first:
+            table = table.slice(first)
+    return table

@@ -1,0 +1,132 @@
+"""SimpleConsumer against real PartitionReplica actors (FakeMetadata, one local Ray)."""
+
+import shutil
+import tempfile
+
+import pytest
+
+from actors.errors import (IllegalArgumentError, OffsetOutOfRangeError,
+                           UnknownTopicOrPartitionError)
+from actors.producer import Producer
+from actors.simple_consumer import SimpleConsumer
+from actors.types import Record
+from client_fakes import FakeMetadata, start_ray, stop_ray
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    start_ray()
+    path = tempfile.mkdtemp(prefix="rk-simple-consumer-")
+    try:
+        yield path
+    finally:
+        stop_ray()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def md(data_dir):
+    fake = FakeMetadata(data_dir)
+    yield fake
+    fake.shutdown()
+
+
+def fill(md, topic, partitions=2, n=300, log_config=None):
+    """``n`` records per partition (values b"p<partition>-<i>", timestamps 1000 + i), sent
+    in batches of 100."""
+    md.create_topic(topic, partitions, log_config)
+    with Producer(md) as producer:
+        for p in range(partitions):
+            for start in range(0, n, 100):
+                producer.send_batch(topic, [b"p%d-%d" % (p, i) for i in range(start, start + 100)],
+                                    partition=p,
+                                    timestamps=list(range(1000 + start, 1100 + start))
+                                    ).wait(timeout=30)
+
+
+def test_fetch_returns_records_from_the_offset(md):
+    """fetch returns Records (topic, partition set) starting exactly at the offset, even in
+    the middle of a batch; at the high watermark it returns []; past it, or for an unknown
+    topic or partition, a typed error."""
+    fill(md, "f")
+    consumer = SimpleConsumer(md)
+    recs = consumer.fetch("f", 1, 150)
+    assert recs and all(isinstance(r, Record) for r in recs)
+    assert [r.offset for r in recs] == list(range(150, 300))
+    assert recs[0] == Record("f", 1, 150, 1150, 0, None, b"p1-150", [])
+    assert consumer.fetch("f", 1, 300) == []
+    small = consumer.fetch("f", 0, 0, max_bytes=100)
+    assert small and small[0].offset == 0 and len(small) <= 100  # one whole batch
+    with pytest.raises(OffsetOutOfRangeError):
+        consumer.fetch("f", 0, 301)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        consumer.fetch("nope", 0, 0)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        consumer.fetch("f", 5, 0)
+    with pytest.raises(IllegalArgumentError):
+        consumer.fetch("f", 0, -1)
+
+
+def test_multifetch_reads_partitions_together(md):
+    """multifetch answers every (topic, partition) request in one dict, each from its
+    offset."""
+    fill(md, "m", partitions=3, n=200)
+    consumer = SimpleConsumer(md, value_deserializer=bytes.decode)
+    got = consumer.multifetch([("m", 0, 0, 1 << 20), ("m", 1, 120, 1 << 20),
+                               ("m", 2, 199, 1 << 20)])
+    assert set(got) == {("m", 0), ("m", 1), ("m", 2)}
+    assert [r.value for r in got[("m", 0)]] == ["p0-%d" % i for i in range(200)]
+    assert [r.offset for r in got[("m", 1)]] == list(range(120, 200))
+    assert [r.value for r in got[("m", 2)]] == ["p2-199"]
+    with pytest.raises(OffsetOutOfRangeError):
+        consumer.multifetch([("m", 0, 0, 1 << 20), ("m", 1, 999, 1 << 20)])
+
+
+def test_offsets_before(md):
+    """offsets_before: -1 is the high watermark, -2 the log start, a time gives segment
+    start offsets at or before it, descending, at most max_offsets."""
+    fill(md, "o", partitions=1, n=300, log_config={"segment.bytes": 2000})
+    consumer = SimpleConsumer(md)
+    assert consumer.offsets_before("o", 0, -1) == [300]
+    assert consumer.offsets_before("o", 0, -2) == [0]
+    many = consumer.offsets_before("o", 0, -1, max_offsets=100)
+    assert many == sorted(many, reverse=True) and many[0] == 300 and many[-1] == 0
+    assert len(many) >= 3
+    mid = consumer.offsets_before("o", 0, 1150, max_offsets=100)
+    assert mid == sorted(mid, reverse=True) and all(o <= 150 for o in mid) and mid[-1] == 0
+    assert consumer.offsets_before("o", 0, 500) == []
+    assert len(consumer.offsets_before("o", 0, -1, max_offsets=2)) == 2
+    with pytest.raises(UnknownTopicOrPartitionError):
+        consumer.offsets_before("nope", 0, -1)
+
+
+def test_fetch_follows_a_new_leader(md):
+    """After the leader is demoted and a new one elected, fetch gets NotLeaderForPartition,
+    refreshes the metadata, and reads the same records from the new leader."""
+    fill(md, "l", partitions=1, n=100)
+    consumer = SimpleConsumer(md, retry_backoff_ms=10)
+    before = consumer.fetch("l", 0, 0)
+    md.demote_leader("l", 0, stale=True)    # the metadata still names the old leader
+    md.elect("l", 0, deferred=True)          # ... until the client invalidates it
+    invalidations = md.invalidations
+    assert consumer.fetch("l", 0, 0) == before
+    assert md.invalidations == invalidations + 1
+
+
+def test_columns_match_records(md):
+    """fetch_columns, multifetch_columns and iter_columns return the same records as fetch,
+    as pyarrow tables starting at the offset."""
+    fill(md, "c", partitions=2, n=300)
+    consumer = SimpleConsumer(md)
+    table = consumer.fetch_columns("c", 0, 42)
+    recs = consumer.fetch("c", 0, 42)
+    assert table.column("offset").to_pylist() == [r.offset for r in recs]
+    assert table.column("value").to_pylist() == [r.value for r in recs]
+    tables = consumer.multifetch_columns([("c", 1, 7, 1 << 20)])
+    assert tables[("c", 1)].column("offset").to_pylist() == list(range(7, 300))
+    seen = {0: [], 1: []}
+    for p, t in consumer.iter_columns("c", max_bytes=1000, start_offsets={1: 250},
+                                      end_offsets={0: 120}):
+        seen[p] += t.column("value").to_pylist()
+    assert seen[0] == [b"p0-%d" % i for i in range(120)]
+    assert seen[1] == [b"p1-%d" % i for i in range(250, 300)]
