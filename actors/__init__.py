@@ -5,6 +5,8 @@
 The names are imported lazily, so ``from actors.errors import ...`` stays cheap (no Ray).
 """
 
+from . import _rayenv  # noqa: F401  (before anything imports Ray)
+
 _EXPORTS = {
     "Cluster": ("actors.cluster", "Cluster"),
     "Admin": ("actors.admin", "Admin"),

@@ -138,9 +138,11 @@ class Broker:
                         f"another live broker ({exc})") from None
                 time.sleep(0.2)
         self._remove_deleted_topics()
-        self.controller = ray.remote(Controller).options(
-            name=f"controller-{self.broker_id}", namespace=self.namespace, num_cpus=0,
-            max_concurrency=4, get_if_exists=False).remote(self.broker_id, self.conf)
+        self.controller = self._start_controller()
+        self._stopping = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise_controller, daemon=True,
+                                            name=f"broker-{self.broker_id}-supervisor")
+        self._supervisor.start()
         self.started = True
         return {"broker_id": self.broker_id, "data_dir": self.data_dir, "host": host,
                 "cluster_id": self.cluster_id}
@@ -156,11 +158,49 @@ class Broker:
             if m and m.group(1) not in topics:
                 shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
 
+    def _start_controller(self):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return ray.remote(Controller).options(
+                    name=f"controller-{self.broker_id}", namespace=self.namespace, num_cpus=0,
+                    max_concurrency=4).remote(self.broker_id, self.conf)
+            except ValueError:  # the dead predecessor's name is not released yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _supervise_controller(self) -> None:
+        """A broker always runs a controller candidate: if the Controller actor dies alone,
+        start a new one (the old one's session expires and the election moves on)."""
+        while not self._stopping.wait(1.0):
+            try:
+                ray.get(self.controller.status.remote(), timeout=30)
+            except ray.exceptions.GetTimeoutError:
+                continue  # slow, not dead
+            except ray.exceptions.RayActorError:
+                if self._stopping.is_set():
+                    return
+                log.warning("broker %d: controller actor died; starting a new candidate",
+                            self.broker_id)
+                try:
+                    self.controller = self._start_controller()
+                except Exception:  # noqa: BLE001 - try again on the next round
+                    log.exception("broker %d: restarting the controller failed",
+                                  self.broker_id)
+            except Exception:  # noqa: BLE001 - keep supervising
+                log.exception("broker %d: controller supervision", self.broker_id)
+
+    def controller_handle(self):
+        return self.controller
+
     def ping(self) -> int:
         return self.broker_id
 
     def shutdown(self) -> None:
         """A clean stop: controller role handed over, logs closed, registration removed."""
+        if getattr(self, "_stopping", None) is not None:
+            self._stopping.set()
         if self.controller is not None:
             try:
                 ray.get(self.controller.close.remote(), timeout=10)

@@ -1,20 +1,34 @@
-"""The ``raykafka`` command line.
+"""The ``raykafka`` command line (the contract is API.md's "Command line"; docs/cli.md).
 
-Errors a user can make print one clear line on stderr and exit non-zero, without a traceback.
-Commands are added as the issues that build them land.
+Cluster commands (``start``, ``stop``, ``status``, ``topics``, ``produce``, ``consume``,
+``elect-leaders``, ``perf``) find the cluster of ``--namespace`` (default "raykafka") through
+the state file that ``raykafka start``'s daemon writes (see actors/daemon.py).
+
+Errors a user can make print one clear line on stderr and exit non-zero, without a traceback:
+argument errors exit 2, everything else 1 (130 on Ctrl-C). An unexpected internal error is
+also one line, unless ``RAYKAFKA_DEBUG=1`` asks for the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+import time
 
 from storage.errors import KafkaError
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
+DEFAULT_NAMESPACE = "raykafka"
+PRODUCE_CHUNK_RECORDS = 10_000
+CONSUME_FETCH_BYTES = 1 << 20
+
+
+class UsageError(Exception):
+    """A mistake in the arguments found after parsing (exit 2, one line)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,9 +40,396 @@ def _repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cmd_demo(args) -> int:
-    from .demo import run
-    run(data_dir=args.data_dir, records=args.records)
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- attaching to the running cluster --------------------------------------------------------
+def connect(namespace: str):
+    """``Cluster.connect`` to the cluster ``raykafka start`` left running in ``namespace``.
+
+    Checks the state file first, so that "nothing runs" is a fast, clear error instead of a
+    Ray attach that waits for a GCS that is not there; then attaches quietly (no Ray INFO
+    lines on the terminal). RAY_ADDRESS, when set, is used if there is no state file (a
+    cluster started inside an existing Ray cluster).
+    """
+    import logging
+
+    from . import daemon, raycompat
+    from .cluster import Cluster
+    ray = raycompat.ray
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        state = daemon.live_state(namespace)
+        if state is not None or not address:
+            address = daemon.require_ready(namespace)["ray_address"]
+        raycompat.attach(address, namespace, logging_level=logging.WARNING)
+    return Cluster.connect(namespace)
+
+
+def _start_embedded(brokers: int = 3):
+    """An in-process cluster (``--embedded``), quiet, with its own temporary data dir."""
+    import logging
+
+    from . import raycompat
+    from .cluster import Cluster
+    ray = raycompat.ray
+    if not ray.is_initialized():
+        ray.init(address="local", namespace="raykafka-embedded", _node_ip_address="127.0.0.1",
+                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                 object_store_memory=int(os.environ.get("RAYKAFKA_OBJECT_STORE_BYTES",
+                                                        2 << 30)))
+    ns = f"embedded-{os.getpid()}"
+    return Cluster.start(num_brokers=brokers, namespace=ns)
+
+
+# -- start / stop / status -----------------------------------------------------------------
+def cmd_start(args) -> int:
+    from . import daemon
+    interactive = sys.stderr.isatty()
+
+    def progress(elapsed_s, status):
+        line = f"starting cluster {args.namespace!r}: {status} ({elapsed_s:.0f}s)"
+        if interactive:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        elif int(elapsed_s * 2) % 10 == 0:  # a line every ~5 s when not on a terminal
+            _err(line)
+
+    t0 = time.monotonic()
+    try:
+        state = daemon.start_daemon(namespace=args.namespace, brokers=args.brokers,
+                                    data_dir=args.data_dir, zk=args.zk,
+                                    timeout_s=args.timeout, progress=progress)
+    finally:
+        if interactive:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+    print(f"raykafka cluster {args.namespace!r} started in {time.monotonic() - t0:.1f}s")
+    print(f"  brokers     {', '.join(map(str, state.get('broker_ids', [])))}")
+    print(f"  zookeeper   {state['zk_hosts']}"
+          f"{' (embedded)' if state.get('embedded_zk') else ''}")
+    print(f"  ray         {state['ray_address']}")
+    print(f"  data dir    {state['data_dir']}")
+    print(f"  daemon      pid {state['pid']}, log {state['log_file']}")
+    from . import raycompat
+    print(f"  state file  {raycompat.state_path(args.namespace)}")
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from . import daemon
+    interactive = sys.stderr.isatty()
+
+    def progress(elapsed_s):
+        if interactive:
+            print(f"\rstopping cluster {args.namespace!r} ({elapsed_s:.0f}s)", end="",
+                  file=sys.stderr, flush=True)
+
+    t0 = time.monotonic()
+    try:
+        done = daemon.stop_daemon(args.namespace, timeout_s=args.timeout, progress=progress)
+    finally:
+        if interactive:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+    how = "killed (SIGKILL after the deadline)" if done["killed"] else "stopped"
+    print(f"raykafka cluster {args.namespace!r} {how} in {time.monotonic() - t0:.1f}s "
+          f"(daemon pid {done['pid']})")
+    if done["leftovers"]:
+        print(f"  also ended: {', '.join(done['leftovers'])}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from . import daemon
+    state = daemon.require_ready(args.namespace)
+    cluster = connect(args.namespace)
+    snap = cluster.metadata.refresh()
+    live = sorted(int(b) for b in snap.get("brokers", {}))
+    expected = cluster.broker_ids()
+    topics = snap.get("topics", {})
+    print(f"cluster     {args.namespace!r} (daemon pid {state['pid']}, up "
+          f"{_duration(time.time() - state.get('started_at', time.time()))})")
+    print(f"brokers     {', '.join(map(str, live)) or 'none'} live"
+          + (f"; down: {', '.join(map(str, sorted(set(expected) - set(live))))}"
+             if set(expected) - set(live) else ""))
+    print(f"controller  broker {snap.get('controller_id', -1)} "
+          f"(epoch {snap.get('controller_epoch', 0)})")
+    print(f"zookeeper   {cluster.zk_hosts}")
+    print(f"ray         {state['ray_address']}")
+    print(f"data dir    {cluster.data_dir}")
+    print(f"topics      {len(topics)}")
+    for name in sorted(topics):
+        parts = topics[name]
+        rf = max((len(s["replicas"]) for s in parts.values()), default=0)
+        offline = sum(1 for s in parts.values() if s["leader"] < 0)
+        print(f"  {name}  partitions {len(parts)}  replication-factor {rf}"
+              + (f"  OFFLINE {offline}" if offline else ""))
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+# -- topics ----------------------------------------------------------------------------------
+def _parse_config(items) -> dict:
+    out = {}
+    for item in items or []:
+        for piece in item.split(","):
+            key, sep, value = piece.partition("=")
+            if not sep or not key.strip():
+                raise UsageError(f"--config takes key=value pairs (e.g. retention.ms=60000), "
+                                 f"got {piece!r}")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _check_topic_name(name: str) -> None:
+    from .broker import validate_topic_name
+    validate_topic_name(name)
+
+
+def cmd_topics_create(args) -> int:
+    config = _parse_config(args.config)
+    _check_topic_name(args.name)
+    admin = connect(args.namespace).admin()
+    admin.create_topic(args.name, partitions=args.partitions,
+                       replication_factor=args.replication_factor, config=config or None)
+    print(f"Created topic {args.name} (partitions {args.partitions}, replication-factor "
+          f"{args.replication_factor}{', config ' + _fmt_config(config) if config else ''}).")
+    return 0
+
+
+def cmd_topics_list(args) -> int:
+    for name in connect(args.namespace).admin().list_topics():
+        print(name)
+    return 0
+
+
+def _fmt_config(config: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+
+
+def cmd_topics_describe(args) -> int:
+    if args.name is not None:
+        _check_topic_name(args.name)
+    admin = connect(args.namespace).admin()
+    names = [args.name] if args.name else admin.list_topics()
+    for name in names:
+        rows = admin.describe_topic(name)
+        try:
+            config = admin.topic_config(name)
+        except KafkaError:
+            config = {}
+        rf = max((len(r["replicas"]) for r in rows), default=0)
+        print(f"Topic: {name}\tPartitionCount: {len(rows)}\tReplicationFactor: {rf}\t"
+              f"Configs: {_fmt_config(config)}")
+        for r in rows:
+            print(f"\tTopic: {name}\tPartition: {r['partition']}\tLeader: {r['leader']}\t"
+                  f"Replicas: {','.join(map(str, r['replicas']))}\t"
+                  f"Isr: {','.join(map(str, r['isr']))}\tLeaderEpoch: {r['leader_epoch']}\t"
+                  f"LogStartOffset: {_off(r['log_start_offset'])}\t"
+                  f"HighWatermark: {_off(r['high_watermark'])}")
+    return 0
+
+
+def _off(value) -> str:
+    return "?" if value is None else str(value)
+
+
+def cmd_topics_delete(args) -> int:
+    _check_topic_name(args.name)
+    connect(args.namespace).admin().delete_topic(args.name)
+    print(f"Deleted topic {args.name}.")
+    return 0
+
+
+def cmd_topics_alter(args) -> int:
+    config = _parse_config(args.config)
+    if not config:
+        raise UsageError("topics alter needs at least one --config key=value")
+    _check_topic_name(args.name)
+    merged = connect(args.namespace).admin().alter_topic_config(args.name, config)
+    print(f"Altered topic {args.name}: {_fmt_config(merged)}")
+    return 0
+
+
+# -- produce / consume ------------------------------------------------------------------------
+def _stdin_chunks(stream, limit: int):
+    """Lists of lines (without the newline) from ``stream``: as many as are already there,
+    up to ``limit``, so piped input travels in large batches and typed lines go at once."""
+    import select
+    fd = stream.fileno()
+    chunk = []
+    while True:
+        line = stream.readline()
+        if not line:
+            break
+        chunk.append(line[:-1] if line.endswith(b"\n") else line)
+        if len(chunk) >= limit:
+            yield chunk
+            chunk = []
+            continue
+        # Typed lines go at once; piped input (always ready) fills whole chunks. Lines
+        # already in the reader's buffer but not in the pipe only cut a chunk short.
+        try:
+            ready, _, _ = select.select([fd], [], [], 0)
+        except (OSError, ValueError):
+            ready = [fd]
+        if not ready:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_produce(args) -> int:
+    _check_topic_name(args.topic)
+    cluster = connect(args.namespace)
+    cluster.metadata.partitions_for(args.topic)  # unknown topic: a clear error before reading
+    sep = args.key_separator.encode() if args.key_separator is not None else None
+    total = 0
+    line_no = 0
+    with cluster.producer(acks=_acks(args.acks), linger_ms=args.linger_ms) as producer:
+        futures = []
+        for lines in _stdin_chunks(sys.stdin.buffer, PRODUCE_CHUNK_RECORDS):
+            keys = None
+            if sep is not None:
+                keys, values = [], []
+                for line in lines:
+                    line_no += 1
+                    key, found, value = line.partition(sep)
+                    if not found:
+                        raise UsageError(f"line {line_no} has no key separator "
+                                         f"{args.key_separator!r}: {line[:60]!r}")
+                    keys.append(key)
+                    values.append(value)
+            else:
+                values = lines
+                line_no += len(lines)
+            futures.append(producer.send_batch(args.topic, values, keys=keys))
+            total += len(values)
+            while futures and futures[0].is_done:
+                futures.pop(0).wait()
+        producer.flush(timeout=120)
+        for f in futures:
+            f.wait(timeout=120)
+    _err(f"produced {total} records to {args.topic}")
+    return 0
+
+
+def _acks(text: str):
+    return "all" if text in ("all", "-1") else int(text)
+
+
+def cmd_consume(args) -> int:
+    if args.group is not None:
+        raise UsageError("consumer groups are not built yet: consume without --group "
+                         "(reads every partition with the simple consumer)")
+    _check_topic_name(args.topic)
+    cluster = connect(args.namespace)
+    partitions = cluster.metadata.partitions_for(args.topic)
+    consumer = cluster.simple_consumer()
+    when = -2 if args.from_beginning else -1
+    positions = {p: consumer.offsets_before(args.topic, p, when)[0] for p in partitions}
+    out = sys.stdout.buffer
+    key_sep = (args.key_separator or "\t").encode()
+    count = 0
+    limit = args.max_messages
+    idle_since = time.monotonic()
+    while limit is None or count < limit:
+        got = consumer.multifetch([(args.topic, p, positions[p], CONSUME_FETCH_BYTES)
+                                   for p in partitions])
+        any_new = False
+        for (_, p), records in sorted(got.items()):
+            for r in records:
+                if limit is not None and count >= limit:
+                    break
+                if args.print_key:
+                    out.write((r.key if r.key is not None else b"null") + key_sep)
+                out.write((r.value if r.value is not None else b"null") + b"\n")
+                count += 1
+                positions[p] = r.offset + 1
+                any_new = True
+        out.flush()
+        if any_new:
+            idle_since = time.monotonic()
+        else:
+            if args.timeout_ms is not None and \
+                    (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+                break
+            time.sleep(0.1)
+    _err(f"Processed a total of {count} messages")
+    return 0
+
+
+# -- leadership ------------------------------------------------------------------------------
+def cmd_elect_leaders(args) -> int:
+    if args.topic is not None:
+        _check_topic_name(args.topic)
+    connect(args.namespace).admin().elect_preferred_leaders(args.topic)
+    print(f"Preferred leaders elected for {args.topic or 'all topics'}.")
+    return 0
+
+
+def cmd_reassign(args) -> int:
+    try:
+        with open(args.plan) as f:
+            plan = json.load(f)
+        moves = {(p["topic"], int(p["partition"])): [int(b) for b in p["replicas"]]
+                 for p in plan["partitions"]}
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.plan}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{args.plan} is not a reassignment plan ({{\"partitions\": "
+                         f"[{{\"topic\", \"partition\", \"replicas\"}}]}}): {exc}") from None
+    connect(args.namespace).admin().reassign_partitions(moves)
+    print(f"Reassignment of {len(moves)} partitions started.")
+    return 0
+
+
+def cmd_groups(args) -> int:
+    raise UsageError("consumer groups are not built yet")
+
+
+# -- perf ------------------------------------------------------------------------------------
+def _perf_cluster(args):
+    if args.embedded:
+        return _start_embedded(args.brokers)
+    return connect(args.namespace)
+
+
+def cmd_perf_produce(args) -> int:
+    from . import perf
+    cluster = _perf_cluster(args)
+    try:
+        perf.ensure_topic(cluster, args.topic, partitions=args.partitions,
+                          create=args.embedded or args.create)
+        result = perf.produce(cluster, args.topic, num_records=args.num_records,
+                              record_size=args.record_size, acks=_acks(args.acks),
+                              batch_size=args.batch_size, chunk_records=args.chunk_records)
+    finally:
+        if args.embedded:
+            cluster.shutdown()
+    perf.print_result(result)
+    return 0
+
+
+def cmd_perf_consume(args) -> int:
+    from . import perf
+    cluster = _perf_cluster(args)
+    try:
+        if args.embedded:
+            perf.ensure_topic(cluster, args.topic, partitions=args.partitions, create=True)
+            perf.fill(cluster, args.topic, num_records=args.num_records,
+                      record_size=args.record_size)
+        result = perf.consume(cluster, args.topic, num_records=args.num_records)
+    finally:
+        if args.embedded:
+            cluster.shutdown()
+    perf.print_result(result)
     return 0
 
 
@@ -40,23 +441,126 @@ def cmd_perf_storage(args) -> int:
     return subprocess.call(cmd)
 
 
+# -- demo ------------------------------------------------------------------------------------
+def cmd_demo(args) -> int:
+    if args.storage:
+        from .storage_demo import run
+        run(data_dir=args.data_dir, records=args.records or 300_000)
+        return 0
+    from .demo import run
+    summary = run(records=args.records or 200_000, partitions=args.partitions,
+                  brokers=args.brokers, data_dir=args.data_dir)
+    return 0 if summary["ok"] else EXIT_ERROR
+
+
+# -- the parser ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--namespace", default=DEFAULT_NAMESPACE, type=_namespace,
+                        help=f"which cluster (default {DEFAULT_NAMESPACE!r})")
+
     p = _Parser(prog="raykafka", description="A Kafka-design commit log on Ray.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    demo = sub.add_parser("demo", help="run the main demo job")
-    demo.add_argument("--data-dir", default=None, help="where to keep the demo's data")
-    demo.add_argument("--records", type=_positive_int, default=300_000,
-                      help="records to write before the crash (default 300000)")
-    demo.set_defaults(func=cmd_demo)
+    def cmd(parent, name, func, help_, parents=(common,)):
+        sp = parent.add_parser(name, help=help_, parents=list(parents))
+        sp.set_defaults(func=func)
+        return sp
+
+    s = cmd(sub, "start", cmd_start, "start a local cluster in the background")
+    s.add_argument("--brokers", type=_positive_int, default=3, help="brokers (default 3)")
+    s.add_argument("--data-dir", default=None,
+                   help="where the cluster keeps its data (default ~/.raykafka/data/<ns>)")
+    s.add_argument("--zk", default=None, metavar="HOST:PORT",
+                   help="an external ZooKeeper (default: start an embedded one)")
+    s.add_argument("--timeout", type=_positive_float, default=150.0,
+                   help="seconds to wait for the cluster (default 150)")
+    s = cmd(sub, "stop", cmd_stop, "stop the cluster `start` left running")
+    s.add_argument("--timeout", type=_positive_float, default=60.0,
+                   help="seconds before SIGKILL (default 60)")
+    cmd(sub, "status", cmd_status, "brokers, controller and topics of the running cluster")
+
+    topics = sub.add_parser("topics", help="create, list, describe, delete, alter topics")
+    tsub = topics.add_subparsers(dest="topics_command", metavar="ACTION", parser_class=_Parser)
+    tsub.required = True
+    t = cmd(tsub, "create", cmd_topics_create, "create a topic")
+    t.add_argument("name")
+    t.add_argument("--partitions", type=_positive_int, required=True)
+    t.add_argument("--replication-factor", type=_positive_int, required=True)
+    t.add_argument("--config", action="append", metavar="K=V", help="topic config (repeatable)")
+    cmd(tsub, "list", cmd_topics_list, "list topics")
+    t = cmd(tsub, "describe", cmd_topics_describe, "partitions, leaders, ISR, offsets")
+    t.add_argument("name", nargs="?")
+    t = cmd(tsub, "delete", cmd_topics_delete, "delete a topic")
+    t.add_argument("name")
+    t = cmd(tsub, "alter", cmd_topics_alter, "change a topic's config")
+    t.add_argument("name")
+    t.add_argument("--config", action="append", metavar="K=V", required=True)
+
+    s = cmd(sub, "produce", cmd_produce, "produce lines from stdin")
+    s.add_argument("topic")
+    s.add_argument("--key-separator", default=None, metavar="S",
+                   help="each line is key<S>value")
+    s.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+    s.add_argument("--linger-ms", type=int, default=5)
+
+    s = cmd(sub, "consume", cmd_consume, "print a topic's records")
+    s.add_argument("topic")
+    s.add_argument("--group", default=None)
+    s.add_argument("--from-beginning", action="store_true")
+    s.add_argument("--max-messages", type=_positive_int, default=None)
+    s.add_argument("--timeout-ms", type=_positive_int, default=None,
+                   help="exit after this long without a new record")
+    s.add_argument("--print-key", action="store_true")
+    s.add_argument("--key-separator", default=None, help="between key and value (default tab)")
+
+    groups = sub.add_parser("groups", help="consumer groups (not built yet)")
+    gsub = groups.add_subparsers(dest="groups_command", metavar="ACTION", parser_class=_Parser)
+    gsub.required = True
+    cmd(gsub, "list", cmd_groups, "list groups")
+    g = cmd(gsub, "describe", cmd_groups, "describe a group")
+    g.add_argument("group")
+
+    s = cmd(sub, "reassign", cmd_reassign, "move partitions (a JSON plan)")
+    s.add_argument("plan")
+    s = cmd(sub, "elect-leaders", cmd_elect_leaders, "move leadership to preferred replicas")
+    s.add_argument("--topic", default=None)
 
     perf = sub.add_parser("perf", help="benchmarks")
     perf_sub = perf.add_subparsers(dest="perf_command", metavar="WHAT", parser_class=_Parser)
     perf_sub.required = True
-    ps = perf_sub.add_parser("storage", help="the storage engine benchmark")
+    for name, func in (("produce", cmd_perf_produce), ("consume", cmd_perf_consume)):
+        ps = cmd(perf_sub, name, func, f"{name} throughput and latency")
+        ps.add_argument("--topic", required=True)
+        ps.add_argument("--num-records", type=_positive_int, required=True)
+        ps.add_argument("--record-size", type=_positive_int, default=100,
+                        required=(name == "produce"))
+        ps.add_argument("--embedded", action="store_true",
+                        help="start a cluster in this process instead of using a running one")
+        ps.add_argument("--brokers", type=_positive_int, default=3,
+                        help="brokers of the --embedded cluster (default 3)")
+        ps.add_argument("--partitions", type=_positive_int, default=6,
+                        help="partitions when the topic is created (default 6)")
+        if name == "produce":
+            ps.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+            ps.add_argument("--batch-size", type=_positive_int, default=None,
+                            help="bytes per produce request (default 4 MiB)")
+            ps.add_argument("--chunk-records", type=_positive_int, default=None,
+                            help="records per send_batch call")
+            ps.add_argument("--create", action="store_true",
+                            help="create the topic if it is missing")
+    ps = cmd(perf_sub, "storage", cmd_perf_storage, "the storage engine benchmark", parents=())
     ps.add_argument("--quick", action="store_true", help="a shorter run")
-    ps.set_defaults(func=cmd_perf_storage)
+
+    demo = cmd(sub, "demo", cmd_demo, "run the main demo job", parents=())
+    demo.add_argument("--storage", action="store_true",
+                      help="the storage crash demo instead (a log killed mid-write, recovered)")
+    demo.add_argument("--records", type=_positive_int, default=None,
+                      help="records to produce (default 200000; --storage: 300000)")
+    demo.add_argument("--partitions", type=_positive_int, default=6)
+    demo.add_argument("--brokers", type=_positive_int, default=3)
+    demo.add_argument("--data-dir", default=None, help="where to keep the demo's data")
     return p
 
 
@@ -70,16 +574,54 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _namespace(text: str) -> str:
+    if not text or not all(c.isalnum() or c in "-_." for c in text):
+        raise argparse.ArgumentTypeError(f"a namespace is letters, digits, '-', '_' or '.', "
+                                         f"got {text!r}")
+    return text
+
+
+def _one_line(exc: BaseException) -> str:
+    """The typed error behind a Ray wrapper, as ``Name: first line of the message``."""
+    try:
+        from .producer import unwrap
+        exc = unwrap(exc)
+    except ImportError:
+        pass
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except UsageError as exc:
+        _err(f"raykafka: error: {exc}")
+        return EXIT_USAGE
     except KafkaError as exc:
-        print(f"raykafka: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _err(f"raykafka: {_one_line(exc)}")
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("raykafka: interrupted", file=sys.stderr)
+        _err("raykafka: interrupted")
         return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - Ray errors and bugs: one line unless asked
+        if os.environ.get("RAYKAFKA_DEBUG"):
+            raise
+        _err(f"raykafka: {_one_line(exc)} (RAYKAFKA_DEBUG=1 shows the traceback)")
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

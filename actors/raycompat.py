@@ -13,12 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-# Record decoding allocates and frees large buffers per call; glibc's default trims and
-# re-maps them each time (~35% of decode time, measured). Ray's worker processes inherit
-# the environment of the process that starts Ray, so this reaches every actor.
-os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", "1000000000")
-os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "1000000000")
+from . import _rayenv  # noqa: E402,F401  (the environment Ray must see first)
 
 import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
@@ -53,8 +48,20 @@ def init_attach(namespace: str) -> None:
         return
     state = read_state(namespace)
     address = (state or {}).get("ray_address") or os.environ.get("RAY_ADDRESS") or "auto"
+    attach(address, namespace)
+
+
+def attach(address: str, namespace: str, **kwargs) -> None:
+    """``ray.init`` a driver attached to the Ray at ``address``.
+
+    A Ray head bound to 127.0.0.1 is only reachable through loopback, but an attaching driver
+    announces (and is called back on) the machine's own address unless told otherwise: the
+    attach then waits minutes for a GCS "at 192.0.2.x". Loopback heads get a loopback driver.
+    """
+    if address.split(":")[0] in ("127.0.0.1", "localhost"):
+        kwargs.setdefault("_node_ip_address", "127.0.0.1")
     try:
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
+        ray.init(address=address, namespace=namespace, log_to_driver=False, **kwargs)
     except (ConnectionError, RuntimeError) as exc:
         from .errors import ClusterNotFoundError
         raise ClusterNotFoundError(f"no Ray cluster to attach to at {address!r}: {exc}") from None

@@ -2,7 +2,7 @@
 
 What it shows: every batch the child acknowledged (after an fsync) survives a SIGKILL; the
 log recovers to a batch boundary with every CRC valid; and reads give back exactly the
-records written, in order. Used by ``raykafka demo`` until the cluster demo replaces it.
+records written, in order. Run by ``raykafka demo --storage``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def run(*, data_dir: str | None = None, records: int = 300_000, quiet: bool = Fa
     say(f"raykafka storage demo: log at {path}")
     t0 = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-m", "actors.demo", "--child", path, str(records)],
+        [sys.executable, "-m", "actors.storage_demo", "--child", path, str(records)],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     acked = -1
     bar = tqdm(total=records, unit="rec", desc="write (child)", disable=quiet)

@@ -86,7 +86,10 @@ def four_letter_word(port: int, word: str, *, timeout_s: float = 1.0) -> str:
         return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid) -> bool:
+    """Whether process ``pid`` runs (a zombie counts as gone)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -155,7 +158,7 @@ class EmbeddedZooKeeper:
         return self.data_dir / LOG_FILE
 
     def is_running(self) -> bool:
-        return self._pid is not None and _pid_alive(self._pid)
+        return self._pid is not None and pid_alive(self._pid)
 
     def start(self, *, timeout_s: float = 30.0, detached: bool = False) -> EmbeddedZooKeeper:
         """Start the server and wait until it serves requests.
@@ -190,11 +193,11 @@ class EmbeddedZooKeeper:
     def stop(self, *, timeout_s: float = 10.0) -> None:
         """SIGTERM, wait up to `timeout_s`, then SIGKILL; idempotent. Removes the pid file."""
         pid = self._pid
-        if pid is not None and _pid_alive(pid):
+        if pid is not None and pid_alive(pid):
             self._signal_and_wait(pid, signal.SIGTERM, timeout_s)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 self._signal_and_wait(pid, signal.SIGKILL, timeout_s)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 raise ZooKeeperServerError(f"ZooKeeper pid {pid} survived SIGKILL")
         self._pid = None
         self._popen = None
@@ -223,7 +226,7 @@ class EmbeddedZooKeeper:
             pid, port, cfg = int(info["pid"]), int(info["port"]), str(info["cfg"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if not (_pid_alive(pid) and _pid_runs_cfg(pid, cfg)):
+        if not (pid_alive(pid) and _pid_runs_cfg(pid, cfg)):
             pid_file.unlink(missing_ok=True)
             return None
         zk = cls(data_dir, port)
@@ -345,7 +348,7 @@ class EmbeddedZooKeeper:
                     return
                 except subprocess.TimeoutExpired:
                     continue
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.05)
 

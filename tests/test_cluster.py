@@ -188,3 +188,67 @@ def test_two_clusters_in_one_ray_do_not_interfere(cluster):
         other.shutdown()
     assert not os.path.exists(other.data_dir)
     assert cluster.admin().list_topics() is not None
+
+
+def test_100k_keyed_records_over_6_partitions_keep_their_order_per_key(cluster):
+    """100,000 keyed records sent through cluster.producer() come back through the
+    SimpleConsumer exactly once, each key on its murmur2 partition, in send order per key."""
+    from actors.murmur2 import partition_for_key
+    admin = cluster.admin()
+    admin.create_topic("keyed100k", partitions=6)
+    n, keys = 100_000, 997
+    with cluster.producer(linger_ms=5) as producer:
+        futures = [producer.send("keyed100k", b"%d" % i, key=b"user-%d" % (i % keys))
+                   for i in range(n)]
+        producer.flush(timeout=120)
+    assert futures[-1].get(timeout=10).topic == "keyed100k"
+    consumer = cluster.simple_consumer()
+    seen: dict = {}
+    total = 0
+    for p in range(6):
+        offset = 0
+        while True:
+            records = consumer.fetch("keyed100k", p, offset)
+            if not records:
+                break
+            for r in records:
+                assert partition_for_key(r.key, 6) == p
+                seen.setdefault(r.key, []).append(int(r.value))
+            total += len(records)
+            offset = records[-1].offset + 1
+    assert total == n
+    assert len(seen) == keys
+    for key, values in seen.items():
+        k = int(key.split(b"-")[1])
+        assert values == list(range(k, n, keys)), f"order or count broken for {key!r}"
+    admin.delete_topic("keyed100k")
+
+
+def test_altered_topic_config_reaches_zookeeper_and_the_partition_logs(cluster, zk):
+    """alter_topic_config merges into /config/topics/<t>, topic_config reports it, the
+    leaders apply it (a lowered max.message.bytes refuses a record that fitted before),
+    and a bad value is refused with the config unchanged."""
+    from actors.errors import RecordTooLargeError
+    admin = cluster.admin()
+    admin.create_topic("altered", partitions=2, config={"retention.ms": "600000"})
+    leader = cluster.metadata.leader("altered", 0)
+    ray.get(leader.handle.produce.remote(build([b"x" * 5000]), 1, 1000))
+    merged = admin.alter_topic_config("altered", {"max.message.bytes": "2000"})
+    assert merged == {"retention.ms": "600000", "max.message.bytes": "2000"}
+    assert zk_json(zk, "/config/topics/altered")["config"] == merged
+    assert admin.topic_config("altered") == merged
+
+    def refused():
+        ref = cluster.metadata.leader("altered", 0)
+        try:
+            ray.get(ref.handle.produce.remote(build([b"x" * 5000]), 1, 1000))
+        except RecordTooLargeError:
+            return True
+        return False
+    wait_until(refused, what="the leader applying max.message.bytes=2000")
+    with pytest.raises(InvalidConfigurationError):
+        admin.alter_topic_config("altered", {"retention.ms": "soon"})
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.alter_topic_config("never-created", {"retention.ms": "1"})
+    assert admin.topic_config("altered") == merged
+    admin.delete_topic("altered")

@@ -62,10 +62,12 @@ def test_killing_the_controller_broker_elects_a_standby_with_the_next_epoch(clus
         led = [r["partition"] for r in cluster.admin().describe_topic("fo") if r["leader"] == old]
         acked = {p: _produce(cluster, "fo", p, 50, b"before") for p in led}
         cluster.kill_broker(old)
-        new = wait_until(lambda: zk.exists("/controller") and
-                         zk_json(zk, "/controller")["brokerid"] != old and
-                         zk_json(zk, "/controller")["brokerid"], timeout_s=30,
-                         what="a new controller")
+        def new_controller():
+            if zk.exists("/controller") is None:
+                return None
+            bid = zk_json(zk, "/controller")["brokerid"]
+            return (bid,) if bid != old else None  # a tuple: broker 0 must count as found
+        (new,) = wait_until(new_controller, timeout_s=30, what="a new controller")
         assert int(zk.get("/controller_epoch")[0]) == epoch + 1
         assert new != old
         wait_until(lambda: all(cluster.metadata.refresh()["topics"]["fo"][p]["leader"] == -1
@@ -82,6 +84,28 @@ def test_killing_the_controller_broker_elects_a_standby_with_the_next_epoch(clus
             got = _read_all(cluster, "fo", p)
             assert [r.offset for r in got] == acked[p]
             assert got[-1].value == b"before-49"
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_killing_the_controller_actor_alone_moves_the_role_and_restarts_the_candidate(cluster):
+    """ray.kill of the active Controller actor (its broker lives on): a standby becomes
+    controller with epoch + 1 and the broker starts a fresh candidate of its own."""
+    zk = zk_client(cluster)
+    try:
+        old = zk_json(zk, "/controller")["brokerid"]
+        epoch = int(zk.get("/controller_epoch")[0])
+        ray.kill(ray.get_actor(f"controller-{old}", namespace=cluster.namespace),
+                 no_restart=True)
+        wait_until(lambda: int(zk.get("/controller_epoch")[0]) == epoch + 1, timeout_s=30,
+                   what="the next controller epoch")
+        assert zk_json(zk, "/controller")["brokerid"] in cluster.broker_ids()
+        wait_until(lambda: ray.get(ray.get_actor(f"controller-{old}",
+                                                 namespace=cluster.namespace).status.remote(),
+                                   timeout=10)["broker_id"] == old,
+                   timeout_s=30, what="a new candidate on the old controller's broker")
+        cluster.admin().create_topic("after-controller-kill", partitions=2)
     finally:
         zk.stop()
         zk.close()

@@ -1,0 +1,304 @@
+"""The cluster daemon behind ``raykafka start`` / ``stop`` / ``status``.
+
+``raykafka start`` spawns ``python -m actors.daemon`` as a detached process (its own session,
+no terminal, output to ``<data_dir>/daemon.log``). The daemon starts a private local Ray
+(``raycompat.init_local``), an embedded ZooKeeper (unless ``--zk``) and the brokers with
+``Cluster.start``, then writes the state file and sleeps until SIGTERM/SIGINT, on which it
+shuts the cluster down, stops Ray and removes the state file.
+
+The state file ``<RAYKAFKA_STATE_DIR or ~/.raykafka>/<namespace>.json`` (written atomically:
+temp file + rename) is what later commands and ``Cluster.connect(namespace)`` read::
+
+    {"namespace", "status": "starting" | "ready" | "stopping", "pid", "ray_address",
+     "data_dir", "zk_hosts", "embedded_zk", "zk_data_dir", "brokers", "log_file",
+     "ray_pids", "started_at"}
+
+Invariants: a state file whose ``pid`` is not alive is stale (``live_state`` removes it);
+``ray_address`` is only present once ``status`` is "ready".
+
+Stopping (``stop_daemon``): SIGTERM, wait up to ``timeout_s``; SIGKILL if it is still there;
+then whatever it left behind is ended by the PIDs it recorded (the embedded ZooKeeper through
+its pid file, the Ray head's processes through ``ray_pids``), and the state file is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from coordination.zk_server import pid_alive
+
+from . import raycompat
+from .errors import ClusterNotFoundError, KafkaError, KafkaTimeoutError
+
+START_TIMEOUT_S = 150.0
+STOP_TIMEOUT_S = 60.0
+LOG_NAME = "daemon.log"
+
+
+# -- the state file ----------------------------------------------------------------------------
+def write_state(namespace: str, state: dict) -> None:
+    path = raycompat.state_path(namespace)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def remove_state(namespace: str, pid: int | None = None) -> None:
+    """Remove the state file (only if it still belongs to ``pid``, when given)."""
+    state = raycompat.read_state(namespace)
+    if state is None or pid is None or state.get("pid") == pid:
+        try:
+            os.unlink(raycompat.state_path(namespace))
+        except FileNotFoundError:
+            pass
+
+
+def _pid_is_daemon(pid: int) -> bool:
+    """Guard against PID reuse: the process must be our daemon."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"actors.daemon" in f.read()
+    except OSError:
+        return False
+
+
+def live_state(namespace: str) -> dict | None:
+    """The state of the daemon running ``namespace``, or None (a stale file is removed)."""
+    state = raycompat.read_state(namespace)
+    if state is None:
+        return None
+    pid = state.get("pid")
+    if pid_alive(pid) and _pid_is_daemon(pid):
+        return state
+    remove_state(namespace, pid)
+    return None
+
+
+def require_ready(namespace: str) -> dict:
+    state = live_state(namespace)
+    if state is None:
+        raise ClusterNotFoundError(f"no raykafka cluster runs in namespace {namespace!r} "
+                                   f"(start one with `raykafka start --namespace {namespace}`)")
+    if state.get("status") != "ready":
+        raise ClusterNotFoundError(f"the cluster in namespace {namespace!r} is "
+                                   f"{state.get('status')} (pid {state.get('pid')}); try again")
+    return state
+
+
+# -- starting and stopping (the CLI side) ---------------------------------------------------
+def default_data_dir(namespace: str) -> str:
+    return os.path.join(raycompat.STATE_DIR, "data", namespace)
+
+
+def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str | None,
+                 timeout_s: float = START_TIMEOUT_S, progress=None) -> dict:
+    """Spawn the daemon and wait until its state file says "ready"; returns the state.
+
+    ``progress(elapsed_s, status)`` is called about every half second while waiting.
+    """
+    if live_state(namespace) is not None:
+        state = raycompat.read_state(namespace) or {}
+        raise KafkaError(f"a raykafka cluster already runs in namespace {namespace!r} "
+                         f"(pid {state.get('pid')}); `raykafka stop --namespace {namespace}` "
+                         f"first, or use another --namespace")
+    data_dir = os.path.abspath(data_dir or default_data_dir(namespace))
+    os.makedirs(data_dir, exist_ok=True)
+    log_file = os.path.join(data_dir, LOG_NAME)
+    cmd = [sys.executable, "-m", "actors.daemon", "--namespace", namespace,
+           "--brokers", str(brokers), "--data-dir", data_dir]
+    if zk:
+        cmd += ["--zk", zk]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True, cwd=data_dir, env=env)
+    started = time.monotonic()
+    deadline = started + timeout_s
+    next_tick = started
+    while True:
+        state = raycompat.read_state(namespace)
+        if state and state.get("pid") == proc.pid and state.get("status") == "ready":
+            return state
+        code = proc.poll()
+        if code is not None:
+            raise KafkaError(f"the cluster daemon exited with code {code} while starting: "
+                             f"{_last_error_line(log_file)} (log: {log_file})")
+        now = time.monotonic()
+        if now > deadline:
+            _terminate(proc.pid, timeout_s=15)
+            remove_state(namespace, proc.pid)
+            raise KafkaTimeoutError(f"the cluster did not become ready within {timeout_s:.0f}s "
+                                    f"(log: {log_file})")
+        if progress is not None and now >= next_tick:
+            progress(now - started, (state or {}).get("status", "spawning"))
+            next_tick = now + 0.5
+        time.sleep(0.1)
+
+
+def _last_error_line(log_file: str) -> str:
+    """The most telling line of a failed start: the last 'SomethingError: ...' line."""
+    try:
+        with open(log_file, errors="replace") as f:
+            lines = [ln.strip() for ln in f.readlines()[-200:] if ln.strip()]
+    except OSError:
+        return "(no log)"
+    for ln in reversed(lines):
+        if "Error" in ln.split(":", 1)[0] or ln.startswith("raykafka-daemon: failed"):
+            return ln
+    return lines[-1] if lines else "(empty log)"
+
+
+def _terminate(pid: int, *, timeout_s: float) -> bool:
+    """SIGTERM, wait, SIGKILL; True if it had to be killed."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    if _wait_gone(pid, timeout_s):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    _wait_gone(pid, 10)
+    return True
+
+
+def _wait_gone(pid: int, timeout_s: float, progress=None) -> bool:
+    start = time.monotonic()
+    next_tick = start
+    while pid_alive(pid):
+        now = time.monotonic()
+        if now - start > timeout_s:
+            return False
+        if progress is not None and now >= next_tick:
+            progress(now - start)
+            next_tick = now + 0.5
+        time.sleep(0.05)
+    return True
+
+
+def stop_daemon(namespace: str, *, timeout_s: float = STOP_TIMEOUT_S, progress=None) -> dict:
+    """Stop the daemon of ``namespace``; returns what was done (``killed``, ``leftovers``)."""
+    state = live_state(namespace)
+    if state is None:
+        raise ClusterNotFoundError(f"no raykafka cluster runs in namespace {namespace!r}")
+    pid = state["pid"]
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    killed = False
+    if not _wait_gone(pid, timeout_s, progress):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _wait_gone(pid, 10)
+        killed = True
+    leftovers = []
+    if state.get("zk_data_dir"):
+        from coordination.zk_server import EmbeddedZooKeeper
+        zk = EmbeddedZooKeeper.attach(state["zk_data_dir"])
+        if zk is not None:
+            leftovers.append(f"zookeeper pid {zk.pid}")
+            zk.stop(timeout_s=10)
+    for rpid in state.get("ray_pids") or []:
+        if pid_alive(rpid) and _cmdline_has(rpid, b"ray"):
+            leftovers.append(f"ray pid {rpid}")
+            try:
+                os.kill(rpid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    remove_state(namespace, pid)
+    return {"pid": pid, "killed": killed, "leftovers": leftovers}
+
+
+def _cmdline_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return needle in f.read()
+    except OSError:
+        return False
+
+
+# -- the daemon itself ----------------------------------------------------------------------------
+def _ray_pids() -> list[int]:
+    """PIDs of the Ray head processes this daemon started (gcs, raylet, ...)."""
+    try:
+        node = raycompat.ray._private.worker._global_node
+        return sorted({info.process.pid for infos in node.all_processes.values()
+                       for info in infos if info.process is not None})
+    except Exception:  # noqa: BLE001 - private API; only used to clean up after a SIGKILL
+        return []
+
+
+def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None) -> int:
+    from .cluster import Cluster
+    stop = threading.Event()
+    base = {"namespace": namespace, "pid": os.getpid(), "data_dir": data_dir,
+            "brokers": brokers, "log_file": os.path.join(data_dir, LOG_NAME),
+            "embedded_zk": zk is None,
+            "zk_data_dir": os.path.join(data_dir, "zookeeper") if zk is None else None,
+            "started_at": time.time()}
+    write_state(namespace, {**base, "status": "starting"})
+    print(f"raykafka-daemon: pid {os.getpid()} starting namespace {namespace!r}, "
+          f"{brokers} brokers, data {data_dir}", flush=True)
+    try:
+        cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, zk=zk,
+                                namespace=namespace)
+    except BaseException as exc:
+        print(f"raykafka-daemon: failed to start: {type(exc).__name__}: {exc}", flush=True)
+        remove_state(namespace, os.getpid())
+        raise
+    # Ray installs its own SIGTERM handler in ray.init (it exits at once): ours replaces it
+    # so that a stop is a clean shutdown.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    ray = raycompat.ray
+    state = {**base, "status": "ready", "ray_address": ray.get_runtime_context().gcs_address,
+             "zk_hosts": cluster.zk_hosts, "broker_ids": cluster.broker_ids(),
+             "ray_pids": _ray_pids()}
+    write_state(namespace, state)
+    print(f"raykafka-daemon: ready: ray {state['ray_address']}, zookeeper {cluster.zk_hosts}",
+          flush=True)
+    while not stop.wait(1.0):
+        pass
+    print("raykafka-daemon: stopping", flush=True)
+    write_state(namespace, {**state, "status": "stopping"})
+    try:
+        cluster.shutdown()
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            remove_state(namespace, os.getpid())
+    print("raykafka-daemon: stopped", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m actors.daemon")
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--brokers", type=int, required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--zk", default=None)
+    a = p.parse_args(argv)
+    return run_daemon(a.namespace, a.brokers, os.path.abspath(a.data_dir), a.zk)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The ``raykafka`` command line, run as a user runs it (a subprocess per command) against a
+cluster that ``raykafka start`` leaves running in the background, with a private state dir
+(RAYKAFKA_STATE_DIR) and a unique namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from cluster_helpers import unique_namespace, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(state_dir: str) -> dict:
+    env = dict(os.environ)
+    env["RAYKAFKA_STATE_DIR"] = state_dir
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def run_cli(state_dir: str, *args, stdin: bytes | None = None, timeout: float = 180):
+    """``python -m actors.cli ARGS`` → CompletedProcess (bytes stdout/stderr)."""
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], input=stdin,
+                          capture_output=True, timeout=timeout, env=_env(state_dir), cwd=ROOT)
+
+
+def assert_one_line_error(proc, code: int, *needles: str):
+    err = proc.stderr.decode()
+    assert proc.returncode == code, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """A cluster started with ``raykafka start``; stopped (and checked gone) at the end."""
+    state_dir = tempfile.mkdtemp(prefix="rk-cli-")
+    ns = unique_namespace("cli")
+    started = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "2", timeout=240)
+    assert started.returncode == 0, started.stderr.decode()[-3000:]
+    try:
+        yield state_dir, ns
+    finally:
+        state_file = os.path.join(state_dir, f"{ns}.json")
+        if os.path.exists(state_file):
+            run_cli(state_dir, "stop", "--namespace", ns, timeout=120)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def cli(daemon, *args, **kw):
+    state_dir, ns = daemon
+    return run_cli(state_dir, *args, "--namespace", ns, **kw)
+
+
+def test_start_writes_a_ready_state_file_and_status_reports_the_brokers(daemon):
+    """After `raykafka start` the state file says ready; `status` lists both live brokers
+    and the controller."""
+    state_dir, ns = daemon
+    with open(os.path.join(state_dir, f"{ns}.json")) as f:
+        state = json.load(f)
+    assert state["status"] == "ready" and state["ray_address"].startswith("127.0.0.1:")
+    out = cli(daemon, "status")
+    assert out.returncode == 0, out.stderr.decode()
+    text = out.stdout.decode()
+    assert "brokers     0, 1 live" in text and "controller  broker" in text
+
+
+def test_a_second_start_in_the_same_namespace_is_refused(daemon):
+    """Starting twice in one namespace fails with one line naming the running daemon."""
+    assert_one_line_error(cli(daemon, "start"), 1, "already runs")
+
+
+def test_topics_create_list_describe_alter_delete(daemon):
+    """The topics commands do what Kafka's kafka-topics does, with Kafka-style output."""
+    out = cli(daemon, "topics", "create", "cli-t", "--partitions", "3",
+              "--replication-factor", "1", "--config", "retention.ms=60000")
+    assert out.returncode == 0, out.stderr.decode()
+    assert "cli-t" in cli(daemon, "topics", "list").stdout.decode().split()
+    desc = cli(daemon, "topics", "describe", "cli-t").stdout.decode()
+    assert "PartitionCount: 3" in desc and "retention.ms=60000" in desc
+    assert desc.count("\tPartition: ") == 3
+    out = cli(daemon, "topics", "alter", "cli-t", "--config", "retention.bytes=1000000")
+    assert out.returncode == 0, out.stderr.decode()
+    assert "retention.bytes=1000000" in cli(daemon, "topics", "describe", "cli-t").stdout.decode()
+    assert cli(daemon, "topics", "delete", "cli-t").returncode == 0
+    assert "cli-t" not in cli(daemon, "topics", "list").stdout.decode().split()
+
+
+def test_produce_from_stdin_and_consume_from_the_beginning(daemon):
+    """Lines piped into `produce` (key<TAB>value) come back from `consume`, per key in
+    order, with keys printed when asked."""
+    assert cli(daemon, "topics", "create", "cli-io", "--partitions", "2",
+               "--replication-factor", "1").returncode == 0
+    lines = [f"k{i % 7}\tv{i}" for i in range(3000)]
+    out = cli(daemon, "produce", "cli-io", "--key-separator", "\t",
+              stdin=("\n".join(lines) + "\n").encode())
+    assert out.returncode == 0, out.stderr.decode()
+    assert "produced 3000 records" in out.stderr.decode()
+    out = cli(daemon, "consume", "cli-io", "--from-beginning", "--max-messages", "3000",
+              "--print-key")
+    assert out.returncode == 0, out.stderr.decode()
+    got = out.stdout.decode().splitlines()
+    assert sorted(got) == sorted(lines)
+    for k in range(7):
+        mine = [int(ln.split("\tv")[1]) for ln in got if ln.startswith(f"k{k}\t")]
+        assert mine == sorted(mine)
+    out = cli(daemon, "consume", "cli-io", "--from-beginning", "--max-messages", "5")
+    assert len(out.stdout.decode().splitlines()) == 5
+
+
+def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
+    """Bad topic names, impossible replication, unknown topics, bad configs and bad
+    arguments each print one line and exit non-zero (2 for argument errors)."""
+    assert_one_line_error(cli(daemon, "topics", "create", "bad name", "--partitions", "1",
+                              "--replication-factor", "1"), 1, "InvalidTopicError")
+    assert_one_line_error(cli(daemon, "topics", "create", "rf9", "--partitions", "1",
+                              "--replication-factor", "9"), 1,
+                          "InvalidReplicationFactorError")
+    assert_one_line_error(cli(daemon, "consume", "no-such-topic", "--timeout-ms", "100"), 1,
+                          "UnknownTopicOrPartitionError")
+    assert_one_line_error(cli(daemon, "produce", "no-such-topic", stdin=b"x\n"), 1,
+                          "UnknownTopicOrPartitionError")
+    assert_one_line_error(cli(daemon, "topics", "create", "cfg", "--partitions", "1",
+                              "--replication-factor", "1", "--config", "retention.ms=soon"),
+                          1, "InvalidConfigurationError")
+    assert_one_line_error(cli(daemon, "topics", "create", "p0", "--partitions", "0",
+                              "--replication-factor", "1"), 2, "positive integer")
+    assert_one_line_error(cli(daemon, "topics", "alter", "x", "--config", "novalue"), 2,
+                          "key=value")
+    assert_one_line_error(cli(daemon, "consume", "x", "--group", "g"), 2, "consumer groups")
+
+
+def test_perf_produce_and_consume_print_a_json_last_line(daemon):
+    """`perf produce` and `perf consume` end with one JSON line carrying records_per_s,
+    MB_per_s, p50_ms and p99_ms; consume reads what produce wrote."""
+    out = cli(daemon, "perf", "produce", "--topic", "cli-perf", "--num-records", "200000",
+              "--record-size", "100", "--create")
+    assert out.returncode == 0, out.stderr.decode()
+    produced = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    assert produced["records"] == 200_000
+    for key in ("records_per_s", "MB_per_s", "p50_ms", "p99_ms"):
+        assert produced[key] > 0, key
+    out = cli(daemon, "perf", "consume", "--topic", "cli-perf", "--num-records", "200000")
+    assert out.returncode == 0, out.stderr.decode()
+    consumed = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    assert consumed["records"] == 200_000 and consumed["records_per_s"] > 0
+
+
+def test_cluster_connect_from_another_driver_finds_the_cluster(daemon):
+    """A separate Python driver attaches with Cluster.connect(namespace) and sees the
+    topics the CLI created."""
+    assert cli(daemon, "topics", "create", "cli-connect", "--partitions", "1",
+               "--replication-factor", "1").returncode == 0
+    state_dir, ns = daemon
+    code = ("import sys; from actors import Cluster; c = Cluster.connect(sys.argv[1]); "
+            "print(sorted(c.admin().list_topics())); print(c.broker_ids())")
+    out = subprocess.run([sys.executable, "-c", code, ns], capture_output=True, timeout=120,
+                         env=_env(state_dir), cwd=ROOT)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert "'cli-connect'" in out.stdout.decode() and "[0, 1]" in out.stdout.decode()
+
+
+def test_stop_then_start_keeps_topics_and_records(daemon):
+    """`stop` ends the daemon, its ZooKeeper and its Ray; a new `start` on the same data dir
+    serves the same topics and records; `status` without a cluster is a clear error."""
+    state_dir, ns = daemon
+    assert cli(daemon, "topics", "create", "cli-durable", "--partitions", "1",
+               "--replication-factor", "1").returncode == 0
+    assert cli(daemon, "produce", "cli-durable",
+               stdin=b"".join(b"r%d\n" % i for i in range(100))).returncode == 0
+    with open(os.path.join(state_dir, f"{ns}.json")) as f:
+        state = json.load(f)
+    out = cli(daemon, "stop")
+    assert out.returncode == 0, out.stderr.decode()
+    assert not os.path.exists(os.path.join(state_dir, f"{ns}.json"))
+    for pid in [state["pid"], *state["ray_pids"]]:
+        wait_until(lambda: not _alive(pid), timeout_s=30, what=f"pid {pid} gone")
+    assert_one_line_error(cli(daemon, "status"), 1, "ClusterNotFoundError")
+    out = cli(daemon, "start", "--brokers", "2", timeout=240)
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    out = cli(daemon, "consume", "cli-durable", "--from-beginning", "--max-messages", "100")
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split() == [f"r{i}" for i in range(100)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b")")[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_commands_without_a_running_cluster_fail_fast_and_clearly(tmp_path):
+    """With no cluster in the namespace, status/topics/stop say so in one line."""
+    for args in (("status",), ("topics", "list"), ("stop",)):
+        out = run_cli(str(tmp_path), *args, "--namespace", "nothing-here", timeout=60)
+        assert_one_line_error(out, 1, "no raykafka cluster runs")
