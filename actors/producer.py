@@ -23,7 +23,9 @@ Guarantees and their mechanisms:
   leader that died after writing) is written again. Nothing acknowledged is lost by the
   client; durability past a leader's death is the cluster's (acks="all").
 - Bounded: ``retries`` attempts per batch with exponential backoff from ``retry_backoff_ms``
-  to ``retry_backoff_max_ms``; each attempt times out after ``request_timeout_ms``;
+  to ``retry_backoff_max_ms``, and no retry that would start later than
+  ``delivery_timeout_ms`` after the batch was created (Kafka's defaults: retries unbounded,
+  120 s); each attempt times out after ``request_timeout_ms``;
   ``buffer_memory`` bytes of unacknowledged records at most (send blocks up to
   ``max_block_ms``, then KafkaTimeoutError).
 - Retriable: KafkaError subclasses with ``retriable`` (NotLeaderForPartition,
@@ -77,7 +79,8 @@ DEFAULT_CONFIG = {
     "key_serializer": None,
     "value_serializer": None,
     "partitioner": None,
-    "retries": 5,
+    "retries": 2147483647,           # Kafka's default: retry until delivery_timeout_ms
+    "delivery_timeout_ms": 120000,
     "retry_backoff_ms": 100,
     "retry_backoff_max_ms": 1000,
     "max_request_size": 1048576,
@@ -345,6 +348,7 @@ class Producer:
         self._batch_size = _positive_int(config, "batch_size", 1)
         self._linger_s = _positive_int(config, "linger_ms") / 1000.0
         self._retries = _positive_int(config, "retries")
+        self._delivery_timeout_s = _positive_int(config, "delivery_timeout_ms", 1) / 1000.0
         self._backoff_s = _positive_int(config, "retry_backoff_ms") / 1000.0
         self._backoff_max_s = max(_positive_int(config, "retry_backoff_max_ms") / 1000.0,
                                   self._backoff_s)
@@ -877,9 +881,10 @@ class Producer:
         elif error is None:
             self._settle(batch, outcome.base_offset, outcome.log_append_time_ms,
                          outcome.log_start_offset, None)
-        elif _retriable(error) and batch.attempts < self._retries and not self._stopping:
+        elif (_retriable(error) and batch.attempts < self._retries and not self._stopping
+              and self._retry_backoff(batch) is not None):
+            backoff = self._retry_backoff(batch)
             batch.attempts += 1
-            backoff = min(self._backoff_s * (2 ** (batch.attempts - 1)), self._backoff_max_s)
             batch.retry_at = time.monotonic() + backoff * random.uniform(0.8, 1.0)
             log.info("retrying %s-%d (attempt %d/%d) after %r", batch.topic,
                      batch.partition, batch.attempts, self._retries, error)
@@ -897,6 +902,14 @@ class Producer:
             self._settle(batch, -1, -1, -1, error)
         self._idle(batch)
         self._forget(batch)
+
+    def _retry_backoff(self, batch: _Batch) -> float | None:
+        """Seconds to wait before the next attempt of ``batch``, or None when that attempt
+        would start past its delivery timeout."""
+        backoff = min(self._backoff_s * (2 ** batch.attempts), self._backoff_max_s)
+        if time.monotonic() + backoff - batch.created > self._delivery_timeout_s:
+            return None
+        return backoff
 
     def _idle(self, batch: _Batch) -> None:
         """The partition of ``batch`` may send its next batch."""

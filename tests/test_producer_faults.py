@@ -141,3 +141,22 @@ def test_retries_are_bounded_and_fail_with_the_typed_error(md):
         assert fine.get(timeout=30).offset == 0
     assert len(errors) == 1 and isinstance(errors[0], LeaderNotAvailableError)
     assert md.invalidations >= 3
+
+
+def test_unbounded_retries_stop_at_the_delivery_timeout(md):
+    """With Kafka's default of unbounded retries, a batch whose leader never returns fails
+    with the retriable error once delivery_timeout_ms has passed, not before and not never."""
+    import time
+    topic = "leaderless-timeout"
+    md.create_topic(topic, 1)
+    md.kill_leader(topic, 0)
+    with Producer(md, delivery_timeout_ms=1500, retry_backoff_ms=20,
+                  retry_backoff_max_ms=100) as producer:
+        assert producer.config["retries"] == 2147483647
+        started = time.monotonic()
+        lost = producer.send(topic, b"x", partition=0)
+        with pytest.raises(LeaderNotAvailableError):
+            lost.get(timeout=30)
+        elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 10.0, elapsed
+    assert md.invalidations >= 5
