@@ -22,6 +22,7 @@ partial batch, and never fails because retention or the cleaner removed a segmen
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import fcntl
 import os
 import struct
@@ -36,10 +37,33 @@ from .errors import (CorruptRecordError, InvalidRecordError, KafkaStorageError,
                      OffsetOutOfRangeError, RecordTooLargeError)
 from .cleaner import CleanResult, clean
 from .loader import load, swap_range_path
-from .records import (ATTRIBUTES_POS, MAGIC_POS, BatchHeader, assign_offsets, iter_headers)
+from .records import (ATTRIBUTES_POS, MAGIC_POS, BatchHeader, assign_offsets, check_batch_crc,
+                      iter_headers)
 from .segment import INT32_MAX, BatchInfo, LogSegment
 
 CLEAN_SHUTDOWN = ".clean_shutdown"
+# Leader appends at least this large check CRCs in a helper thread, overlapped with the write.
+OVERLAPPED_CRC_MIN_BYTES = 256 * 1024
+_crc_pool = None
+_crc_pool_lock = threading.Lock()
+
+
+def _start_crc_check(buf, headers: list[BatchHeader]):
+    """Start checking the CRCs of ``headers`` in ``buf``; returns a callable that waits for
+    the result (raising CorruptRecordError on a mismatch)."""
+    global _crc_pool
+    if _crc_pool is None:
+        with _crc_pool_lock:
+            if _crc_pool is None:
+                _crc_pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="log-crc")
+
+    def check():
+        for h in headers:
+            check_batch_crc(buf, h)
+    return _crc_pool.submit(check).result
+
+
 RECOVERY_POINT = "recovery-point-offset-checkpoint"
 LOG_START = "log-start-offset-checkpoint"
 LOCK = ".lock"
@@ -213,8 +237,12 @@ class Log:
             buf = records_mod.to_v2(bytes(buf))
         if len(buf) == 0:
             raise InvalidRecordError("an append needs at least one record batch")
-        headers = list(iter_headers(buf))
         config = self.config
+        # A large leader append checks its CRCs in another thread while its bytes are written
+        # (see _write): the check costs about a quarter of the append otherwise (measured).
+        overlap_crc = (assign_offsets and not config.log_append_time
+                       and len(buf) >= OVERLAPPED_CRC_MIN_BYTES)
+        headers = list(iter_headers(buf, check_crc=not overlap_crc))
         if validate_records or (assign_offsets and config.compact):
             keys = records_mod.decode_columns(buf)["key"]
             if assign_offsets and config.compact and keys.null_count:
@@ -236,7 +264,8 @@ class Log:
                 chunks, infos = self._assign(buf, headers, leader_epoch, now)
             else:
                 chunks, infos = self._keep(buf, headers, leader_epoch)
-            self._write(chunks, infos, now)
+            verify = _start_crc_check(buf, headers) if overlap_crc else None
+            self._write(chunks, infos, now, verify)
             self._unflushed_messages += sum(h.records_count for h in headers)
             self._maybe_flush(now)
             return infos[0].base_offset, infos[-1].last_offset
@@ -286,9 +315,14 @@ class Log:
             expected = h.next_offset
         return chunks, infos
 
-    def _write(self, chunks: list, infos: list[BatchInfo], now: int) -> None:
+    def _write(self, chunks: list, infos: list[BatchInfo], now: int, verify=None) -> None:
         """Write batches to the active segment, rolling first whenever the next batch would
-        not fit (size, age or the int32 relative-offset range)."""
+        not fit (size, age or the int32 relative-offset range).
+
+        ``verify`` (the pending CRC check of an overlapped append) must pass before anything
+        becomes visible: it goes with the write when the batches fit in the active segment,
+        and is waited for before any byte is written when they need a roll.
+        """
         # chunks hold one or two pieces per batch; walk them alongside infos
         per_batch = len(chunks) // len(infos)
         start = 0
@@ -300,6 +334,9 @@ class Log:
             start += per_batch
             active = self.active_segment
             if self._should_roll(active, pending, info, now):
+                if verify is not None:
+                    verify()
+                    verify = None
                 if group_infos:
                     active.append(group_chunks, group_infos)
                     group_chunks, group_infos, pending = [], [], 0
@@ -308,7 +345,7 @@ class Log:
             group_chunks.extend(pieces)
             group_infos.append(info)
             pending += info.size
-        self.active_segment.append(group_chunks, group_infos)
+        self.active_segment.append(group_chunks, group_infos, verify)
         v = self._view
         self._view = v._replace(log_end_offset=infos[-1].last_offset + 1)
 

@@ -220,13 +220,22 @@ def parse_header(buf, position: int = 0, *, check_crc: bool = True,
         raise CorruptRecordError(
             f"batch at position {position}: negative last_offset_delta ({last_offset_delta}) "
             f"or records_count ({records_count})")
+    header = BatchHeader(*fields, position)
     if check_crc:
-        actual = _crc32c.crc32c(memoryview(buf)[position + ATTRIBUTES_POS:position + size])
-        if actual != fields[4]:
-            raise CorruptRecordError(
-                f"batch at position {position} (base offset {fields[0]}): CRC32C mismatch, "
-                f"stored {fields[4]:#010x}, computed {actual:#010x}")
-    return BatchHeader(*fields, position)
+        check_batch_crc(buf, header)
+    return header
+
+
+def check_batch_crc(buf, header: BatchHeader) -> None:
+    """Raise CorruptRecordError unless the CRC32C of the batch ``header`` describes (at its
+    position in ``buf``) matches. The crc32c package releases the GIL for large inputs, so
+    this may run in another thread while the caller writes."""
+    position = header.position
+    actual = _crc32c.crc32c(memoryview(buf)[position + ATTRIBUTES_POS:position + header.size])
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"batch at position {position} (base offset {header.base_offset}): CRC32C "
+            f"mismatch, stored {header.crc:#010x}, computed {actual:#010x}")
 
 
 def iter_headers(buf, position: int = 0, *, check_crc: bool = True) -> Iterator[BatchHeader]:

@@ -113,8 +113,13 @@ class LogSegment:
                 f"next_offset={self.next_offset}, suffix={self.suffix!r})")
 
     # -- writing ----------------------------------------------------------------------
-    def append(self, chunks: list, infos: list[BatchInfo]) -> None:
-        """Write ``chunks`` (the batches' bytes, in order) at the end and index them."""
+    def append(self, chunks: list, infos: list[BatchInfo], verify=None) -> None:
+        """Write ``chunks`` (the batches' bytes, in order) at the end and index them.
+
+        ``verify``, when given, is called after the bytes are written and before anything is
+        indexed or published; if it raises, the bytes are cut off again and the segment is as
+        before (readers, bounded by ``size``, never saw them).
+        """
         position = self.size
         total = 0
         for chunk in chunks:
@@ -122,6 +127,12 @@ class LogSegment:
         written = os.pwritev(self._fd.fd, chunks, position)
         if written != total:  # pwritev may be short on some filesystems; finish it
             self._write_rest(chunks, written, position)
+        if verify is not None:
+            try:
+                verify()
+            except BaseException:
+                os.ftruncate(self._fd.fd, position)
+                raise
         for info in infos:
             if self._bytes_since_index > self.index_interval_bytes:
                 self.offset_index.append(info.base_offset - self.base_offset, position)

@@ -138,6 +138,36 @@ def test_bad_batches_raise_corrupt_and_append_nothing(tmp_path, damage):
         assert (log.log_end_offset, log.size_bytes) == before
         assert log.append(good) == (1, 2)
 
+@pytest.mark.parametrize("roll", [False, True])
+def test_large_append_with_a_bad_crc_leaves_no_bytes_behind(tmp_path, roll):
+    """A large append (its CRCs checked while its bytes are written) with one bad CRC is
+    refused with CorruptRecordError; the segment files keep their size, the log its end, a
+    reader never sees the bytes, and a crash image of the directory recovers without them.
+    With ``roll`` the batches need a new segment: nothing is written and no segment added."""
+    from storage.log import OVERLAPPED_CRC_MIN_BYTES
+    big = make_batch(400, value_size=1000)
+    assert len(big) >= OVERLAPPED_CRC_MIN_BYTES // 2
+    bad = bytearray(make_batch(400, value_size=1000))
+    bad[len(bad) // 2] ^= 0x40
+    config = LogConfig(segment_bytes=len(big) + 2000 if roll else 64 << 20,
+                       max_message_bytes=1 << 20)
+    with Log.open(str(tmp_path / "log"), config) as log:
+        log.append(make_batch(1))
+        before = (log.log_end_offset, log.size_bytes, [s.base_offset for s in log.segments])
+        files = {f: os.path.getsize(tmp_path / "log" / f) for f in segment_files(str(tmp_path / "log"))
+                 if f.endswith(".log")}
+        with pytest.raises(CorruptRecordError, match="CRC32C mismatch"):
+            log.append(big + bytes(bad))
+        assert (log.log_end_offset, log.size_bytes,
+                [s.base_offset for s in log.segments]) == before
+        assert {f: os.path.getsize(tmp_path / "log" / f) for f in segment_files(str(tmp_path / "log"))
+                if f.endswith(".log")} == files
+        assert log.read(1) == b""
+        crash_image(str(tmp_path / "log"), str(tmp_path / "image"))
+        assert log.append(big) == (1, 400)
+    with Log.open(str(tmp_path / "image"), config) as image:
+        assert image.log_end_offset == 1
+
 
 def test_empty_append_rejected(tmp_path):
     """An append of zero bytes is refused and writes nothing."""
