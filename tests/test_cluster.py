@@ -252,3 +252,39 @@ def test_altered_topic_config_reaches_zookeeper_and_the_partition_logs(cluster, 
         admin.alter_topic_config("never-created", {"retention.ms": "1"})
     assert admin.topic_config("altered") == merged
     admin.delete_topic("altered")
+
+
+def test_public_clients_refuse_bad_input_and_read_offsets_on_a_real_cluster(cluster):
+    """Through Cluster.producer()/simple_consumer(): wrong types, unknown topics and
+    partitions, oversized records and out-of-range offsets raise their typed errors, nothing
+    is appended, and offsets_before/multifetch answer as the seed's low-level API."""
+    from actors.errors import IllegalArgumentError, OffsetOutOfRangeError, RecordTooLargeError
+    admin = cluster.admin()
+    admin.create_topic("clients", partitions=2, config={"max.message.bytes": "20000"})
+    consumer = cluster.simple_consumer()
+    with cluster.producer(max_request_size=10_000) as producer:
+        for error, call in [
+                (IllegalArgumentError, lambda: producer.send("clients", "not bytes")),
+                (IllegalArgumentError, lambda: producer.send("clients", b"v", key=7)),
+                (UnknownTopicOrPartitionError, lambda: producer.send("clients", b"v",
+                                                                     partition=2)),
+                (UnknownTopicOrPartitionError, lambda: producer.send("nowhere", b"v")),
+                (RecordTooLargeError, lambda: producer.send("clients", b"x" * 10_000))]:
+            with pytest.raises(error):
+                call()
+        assert [consumer.offsets_before("clients", p, -1) for p in (0, 1)] == [[0], [0]]
+        for i in range(3):
+            producer.send_batch("clients", [b"%d-%d" % (i, j) for j in range(50)],
+                                partition=0).wait(timeout=30)
+    assert consumer.offsets_before("clients", 0, -2) == [0]
+    assert consumer.offsets_before("clients", 0, -1) == [150]
+    assert consumer.offsets_before("clients", 0, -1, max_offsets=10)[0] == 150
+    with pytest.raises(OffsetOutOfRangeError):
+        consumer.fetch("clients", 0, 151)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        consumer.fetch("clients", 5, 0)
+    got = consumer.multifetch([("clients", 0, 120, 1 << 20), ("clients", 1, 0, 1 << 20)])
+    assert [r.offset for r in got[("clients", 0)]] == list(range(120, 150))
+    assert got[("clients", 1)] == []
+    assert got[("clients", 0)][0].value == b"2-20"
+    admin.delete_topic("clients")
