@@ -409,7 +409,8 @@ def cmd_perf_produce(args) -> int:
                           create=args.embedded or args.create)
         result = perf.produce(cluster, args.topic, num_records=args.num_records,
                               record_size=args.record_size, acks=_acks(args.acks),
-                              batch_size=args.batch_size, chunk_records=args.chunk_records)
+                              batch_size=args.batch_size, chunk_records=args.chunk_records,
+                              throughput=args.throughput)
     finally:
         if args.embedded:
             cluster.shutdown()
@@ -550,6 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="records per send_batch call")
             ps.add_argument("--create", action="store_true",
                             help="create the topic if it is missing")
+            ps.add_argument("--throughput", type=int, default=-1, metavar="RECORDS_PER_S",
+                            help="pace the producer to this rate (default -1: unlimited), "
+                                 "to measure latency below saturation")
     ps = cmd(perf_sub, "storage", cmd_perf_storage, "the storage engine benchmark", parents=())
     ps.add_argument("--quick", action="store_true", help="a shorter run")
 

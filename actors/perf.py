@@ -79,7 +79,12 @@ def _percentiles(latencies_s: list) -> tuple[float, float]:
 
 def produce(cluster, topic: str, *, num_records: int, record_size: int, acks="all",
             batch_size: int | None = None, chunk_records: int | None = None,
-            progress: bool = True) -> dict:
+            progress: bool = True, throughput: int | None = None) -> dict:
+    """Produce ``num_records``; ``throughput`` (records/s) paces the chunks as Kafka's
+    ``--throughput`` does (None: as fast as possible), so latency can be measured below
+    saturation."""
+    if throughput is not None and throughput <= 0:
+        throughput = None
     request_bytes = _request_bytes(cluster, topic, batch_size)
     parts = len(cluster.metadata.partitions_for(topic))
     per_request = max(request_bytes // (record_size + 40), 1)
@@ -122,6 +127,11 @@ def produce(cluster, topic: str, *, num_records: int, record_size: int, acks="al
         while sent < num_records and not errors:
             n = min(chunk, num_records - sent)
             values = values_full if n == chunk else values_full[:n]
+            if throughput is not None:
+                due = t0 + sent / throughput
+                now = time.perf_counter()
+                if due > now:
+                    time.sleep(due - now)
             sent_at = time.perf_counter()
             future = producer.send_batch(topic, values)
             with cond:
@@ -146,6 +156,7 @@ def produce(cluster, topic: str, *, num_records: int, record_size: int, acks="al
             "records_per_s": round(num_records / elapsed),
             "MB_per_s": round(num_records * record_size / elapsed / 1e6, 2),
             "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
+            "throughput_limit": throughput,
             "latency": "per send_batch chunk (call to last ack)"}
 
 

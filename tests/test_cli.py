@@ -143,7 +143,8 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
 
 def test_perf_produce_and_consume_print_a_json_last_line(daemon):
     """`perf produce` and `perf consume` end with one JSON line carrying records_per_s,
-    MB_per_s, p50_ms and p99_ms; consume reads what produce wrote."""
+    MB_per_s, p50_ms and p99_ms; --throughput paces the producer; consume reads what
+    produce wrote."""
     out = cli(daemon, "perf", "produce", "--topic", "cli-perf", "--num-records", "200000",
               "--record-size", "100", "--create")
     assert out.returncode == 0, out.stderr.decode()
@@ -151,6 +152,12 @@ def test_perf_produce_and_consume_print_a_json_last_line(daemon):
     assert produced["records"] == 200_000
     for key in ("records_per_s", "MB_per_s", "p50_ms", "p99_ms"):
         assert produced[key] > 0, key
+    out = cli(daemon, "perf", "produce", "--topic", "cli-perf", "--num-records", "40000",
+              "--record-size", "100", "--chunk-records", "4000", "--throughput", "40000")
+    assert out.returncode == 0, out.stderr.decode()
+    paced = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    assert paced["throughput_limit"] == 40000
+    assert paced["elapsed_s"] >= 0.85, "10 chunks at 40k records/s take at least 0.9 s"
     out = cli(daemon, "perf", "consume", "--topic", "cli-perf", "--num-records", "200000")
     assert out.returncode == 0, out.stderr.decode()
     consumed = json.loads(out.stdout.decode().strip().splitlines()[-1])
