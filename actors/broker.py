@@ -80,6 +80,21 @@ def topic_log_defaults(broker_config: dict) -> dict:
     return out
 
 
+def _zk_errors(method):
+    """Admin requests answer a ZooKeeper outage with the public ZooKeeperUnavailableError
+    (retriable), not coordination's internal error."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except ZkUnavailableError as exc:
+            raise ZooKeeperUnavailableError(
+                f"{method.__name__}: ZooKeeper is unavailable: {exc}") from None
+    return wrapper
+
+
 class Broker:
     """One broker (see the module docstring). A threaded actor: requests run concurrently."""
 
@@ -303,6 +318,7 @@ class Broker:
         return self.metadata
 
     # -- admin requests (written to ZooKeeper; the controller acts on them) ----------------------
+    @_zk_errors
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      config: dict | None) -> dict:
         validate_topic_name(name)
@@ -342,6 +358,7 @@ class Broker:
         self._wake_controller()
         return {p: list(r) for p, r in assignment.items()}
 
+    @_zk_errors
     def delete_topic(self, name: str) -> None:
         validate_topic_name(name)
         try:
@@ -350,17 +367,21 @@ class Broker:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist") from None
         self._wake_controller()
 
+    @_zk_errors
     def list_topics(self) -> list[str]:
         return self.store.topics()
 
+    @_zk_errors
     def topic_exists(self, name: str) -> bool:
         return name in self.store.topics()
 
+    @_zk_errors
     def topic_config(self, name: str) -> dict:
         if name not in self.store.topics():
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         return self.store.get_topic_config(name)
 
+    @_zk_errors
     def alter_topic_config(self, name: str, config: dict) -> dict:
         validate_topic_name(name)
         if name not in self.store.topics():
@@ -373,6 +394,7 @@ class Broker:
         self._wake_controller()
         return merged
 
+    @_zk_errors
     def elect_preferred_leaders(self, partitions: list) -> None:
         try:
             self.store.request_preferred_replica_election([tuple(p) for p in partitions])

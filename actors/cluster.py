@@ -124,9 +124,16 @@ class Cluster:
             name=INFO_ACTOR, namespace=namespace, num_cpus=0).remote(info)
         cluster = cls(info, owned=True, zk_server=zk_server, info_actor=info_actor)
         atexit.register(cluster._atexit)
+        # A broker that ran from this data dir before may still be registered under a session
+        # ZooKeeper has not expired yet (its process was killed, or ZooKeeper kept the session
+        # across its own restart): wait for that registration to go instead of failing.
+        session_s = int(broker_config["zookeeper.session.timeout.ms"]) / 1000
+        stale_s = {b: session_s * 3 + 10 if os.path.isdir(os.path.join(data_dir, f"broker-{b}"))
+                   else 0.0 for b in range(num_brokers)}
         try:
             handles = [cluster._create_broker(b) for b in range(num_brokers)]
-            ray.get([h.start.remote() for h in handles], timeout=START_TIMEOUT_S)
+            ray.get([h.start.remote(wait_for_stale_s=stale_s[b]) for b, h in enumerate(handles)],
+                    timeout=START_TIMEOUT_S + max(stale_s.values()))
             cluster.wait_ready(timeout_s=START_TIMEOUT_S)
         except BaseException:
             cluster.shutdown()

@@ -79,6 +79,9 @@ def live_state(namespace: str) -> dict | None:
     pid = state.get("pid")
     if pid_alive(pid) and _pid_is_daemon(pid):
         return state
+    # The daemon died without `raykafka stop` (killed, crashed): end what it left running
+    # before the state file, which holds their PIDs, goes.
+    _end_leftovers(state)
     remove_state(namespace, pid)
     return None
 
@@ -209,6 +212,14 @@ def stop_daemon(namespace: str, *, timeout_s: float = STOP_TIMEOUT_S, progress=N
             pass
         _wait_gone(pid, 10)
         killed = True
+    leftovers = _end_leftovers(state)
+    remove_state(namespace, pid)
+    return {"pid": pid, "killed": killed, "leftovers": leftovers}
+
+
+def _end_leftovers(state: dict) -> list[str]:
+    """End what a dead daemon left running, by the PIDs its state recorded: the embedded
+    ZooKeeper (through its pid file) and the Ray head's processes. Returns what was ended."""
     leftovers = []
     if state.get("zk_data_dir"):
         from coordination.zk_server import EmbeddedZooKeeper
@@ -223,8 +234,7 @@ def stop_daemon(namespace: str, *, timeout_s: float = STOP_TIMEOUT_S, progress=N
                 os.kill(rpid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    remove_state(namespace, pid)
-    return {"pid": pid, "killed": killed, "leftovers": leftovers}
+    return leftovers
 
 
 def _cmdline_has(pid: int, needle: bytes) -> bool:

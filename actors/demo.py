@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from .errors import KafkaTimeoutError
+
 TOPIC = "demo-events"
 KEYS = 1000
 VALUE_BYTES = 100
@@ -72,6 +74,14 @@ def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
     try:
         t = time.perf_counter()
         admin = cluster.admin()
+        if TOPIC in admin.list_topics():  # a --data-dir kept from an earlier demo
+            say(f"      deleting the {TOPIC!r} an earlier demo left in {root}")
+            admin.delete_topic(TOPIC)
+            deadline = time.monotonic() + 60
+            while TOPIC in admin.list_topics():
+                if time.monotonic() > deadline:
+                    raise KafkaTimeoutError(f"topic {TOPIC!r} was not deleted within 60 s")
+                time.sleep(0.1)
         admin.create_topic(TOPIC, partitions=partitions, replication_factor=1,
                            config={"max.message.bytes": str(8 << 20)})
         leaders = {r["partition"]: r["leader"] for r in admin.describe_topic(TOPIC)}

@@ -70,11 +70,16 @@ def _bar(total: int, desc: str, unit: str = "rec"):
                 leave=False)
 
 
-def _percentiles(latencies_s: list) -> tuple[float, float]:
+def _percentiles(latencies_s: list) -> tuple[float | None, float | None]:
+    """(p50, p99) in ms; (None, None) without samples (JSON null, not NaN)."""
     if not latencies_s:
-        return float("nan"), float("nan")
+        return None, None
     arr = np.asarray(latencies_s) * 1000
     return float(np.percentile(arr, 50)), float(np.percentile(arr, 99))
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def produce(cluster, topic: str, *, num_records: int, record_size: int, acks="all",
@@ -155,7 +160,7 @@ def produce(cluster, topic: str, *, num_records: int, record_size: int, acks="al
             "chunk_records": chunk, "partitions": parts, "elapsed_s": round(elapsed, 3),
             "records_per_s": round(num_records / elapsed),
             "MB_per_s": round(num_records * record_size / elapsed / 1e6, 2),
-            "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
+            "p50_ms": _ms(p50), "p99_ms": _ms(p99),
             "throughput_limit": throughput,
             "latency": "per send_batch chunk (call to last ack)"}
 
@@ -204,7 +209,7 @@ def consume(cluster, topic: str, *, num_records: int, progress: bool = True,
               "elapsed_s": round(elapsed, 3),
               "records_per_s": round(count / elapsed) if elapsed else 0,
               "MB_per_s": round(value_bytes / elapsed / 1e6, 2) if elapsed else 0,
-              "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "fetches": len(latencies),
+              "p50_ms": _ms(p50), "p99_ms": _ms(p99), "fetches": len(latencies),
               "latency": "per fetched batch (time the consumer waited for it)"}
     if count < num_records:
         result["short"] = f"the topic held only {count} records"
@@ -230,4 +235,4 @@ def print_result(result: dict) -> None:
     print(line, file=sys.stderr)
     if "short" in result:
         print(f"note: {result['short']}", file=sys.stderr)
-    print(json.dumps(result), flush=True)
+    print(json.dumps(result, allow_nan=False), flush=True)

@@ -214,3 +214,42 @@ def test_commands_without_a_running_cluster_fail_fast_and_clearly(tmp_path):
     for args in (("status",), ("topics", "list"), ("stop",)):
         out = run_cli(str(tmp_path), *args, "--namespace", "nothing-here", timeout=60)
         assert_one_line_error(out, 1, "no raykafka cluster runs")
+
+
+def test_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
+    """`raykafka demo` starts the embedded default, produces and reads back every record,
+    prints its summary and exits 0; a second run on the same --data-dir replaces the topic
+    the first one left instead of failing."""
+    for run in range(2):
+        out = run_cli(str(tmp_path / "state"), "demo", "--records", "20000", "--data-dir",
+                      str(tmp_path / "demo"), timeout=300)
+        text = out.stdout.decode()
+        assert out.returncode == 0, (text[-2000:], out.stderr.decode()[-2000:])
+        assert "records consumed   20,000" in text
+        assert "every record read back once" in text
+        assert ("deleting the 'demo-events'" in text) == (run == 1)
+
+
+def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(tmp_path):
+    """After the daemon is SIGKILLed (no `stop`), the next command reports no cluster in one
+    line and ends the ZooKeeper and Ray processes the dead daemon recorded; `start` then
+    works again on the same data dir."""
+    import signal
+
+    from coordination.zk_server import EmbeddedZooKeeper
+    state_dir, ns = str(tmp_path / "state"), unique_namespace("killed")
+    out = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "1", timeout=240)
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    with open(os.path.join(state_dir, f"{ns}.json")) as f:
+        state = json.load(f)
+    zk = EmbeddedZooKeeper.attach(state["zk_data_dir"])
+    assert zk is not None and state["ray_pids"]
+    os.kill(state["pid"], signal.SIGKILL)
+    wait_until(lambda: not _alive(state["pid"]), timeout_s=30, what="daemon gone")
+    assert_one_line_error(run_cli(state_dir, "status", "--namespace", ns, timeout=120), 1,
+                          "no raykafka cluster runs")
+    for pid in [zk.pid, *state["ray_pids"]]:
+        wait_until(lambda: not _alive(pid), timeout_s=30, what=f"leftover pid {pid} ended")
+    out = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "1", timeout=240)
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    assert run_cli(state_dir, "stop", "--namespace", ns, timeout=120).returncode == 0
