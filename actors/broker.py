@@ -30,12 +30,13 @@ from coordination.session import ZkSettings, connect
 from coordination.store import ZkStore
 from storage import LogConfig
 
+from . import raycompat
 from .controller import Controller
 from .errors import (BrokerIdInUseError, InvalidPartitionsError, InvalidReplicationFactorError,
                      InvalidTopicError, KafkaTimeoutError, StaleControllerEpochError,
                      TopicAlreadyExistsError, UnknownTopicOrPartitionError,
                      ZooKeeperUnavailableError)
-from .replica import PartitionReplica, partition_dir
+from .replica import PartitionReplica, partition_dir, read_partition_topic_id
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,8 @@ class Broker:
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock = threading.RLock()
         self.replicas: dict[tuple[str, int], object] = {}
-        self.replica_configs: dict[tuple[str, int], dict] = {}
+        self.replica_configs: dict[tuple[str, int], tuple[dict, int]] = {}
+        self.replica_ids: dict[tuple[str, int], str | None] = {}   # the topic id each serves
         self.max_controller_epoch = 0
         self.metadata: dict = {"topics": {}, "brokers": {}, "controller_id": -1,
                                "controller_epoch": 0}
@@ -152,7 +154,7 @@ class Broker:
                         f"broker id {self.broker_id} is already registered in ZooKeeper by "
                         f"another live broker ({exc})") from None
                 time.sleep(0.2)
-        self._remove_deleted_topics()
+        self._remove_stale_partition_dirs()
         self.controller = self._start_controller()
         self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise_controller, daemon=True,
@@ -162,16 +164,33 @@ class Broker:
         return {"broker_id": self.broker_id, "data_dir": self.data_dir, "host": host,
                 "cluster_id": self.cluster_id}
 
-    def _remove_deleted_topics(self) -> None:
-        """Directories of topics deleted while this broker was down go now."""
+    def _remove_stale_partition_dirs(self) -> None:
+        """Directories of topics deleted while this broker was down go now: those of topics
+        that no longer exist, and those whose partition.metadata names an earlier
+        incarnation of a topic that was deleted and created again meanwhile."""
         try:
-            topics = set(self.store.topics())
+            current = {}
+            for topic in self.store.topics():
+                try:
+                    current[topic] = self.store.get_topic(topic)[2]
+                except NodeMissingError:
+                    pass
         except CoordinationError:
             return
         for name in os.listdir(self.data_dir):
             m = re.match(r"^(.+)-(\d+)$", name)
-            if m and m.group(1) not in topics:
-                shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
+            if not m:
+                continue
+            path = os.path.join(self.data_dir, name)
+            topic = m.group(1)
+            if topic not in current:
+                stale = True
+            else:
+                found = read_partition_topic_id(path)
+                stale = found is not None and found != current[topic]
+            if stale:
+                log.info("broker %d: removing %s (its topic was deleted)", self.broker_id, path)
+                shutil.rmtree(path, ignore_errors=True)
 
     def _start_controller(self):
         deadline = time.monotonic() + 30
@@ -179,7 +198,8 @@ class Broker:
             try:
                 return ray.remote(Controller).options(
                     name=f"controller-{self.broker_id}", namespace=self.namespace, num_cpus=0,
-                    max_concurrency=4).remote(self.broker_id, self.conf)
+                    max_concurrency=4, scheduling_strategy=raycompat.this_node(),
+                ).remote(self.broker_id, self.conf)
             except ValueError:  # the dead predecessor's name is not released yet
                 if time.monotonic() > deadline:
                     raise
@@ -260,7 +280,8 @@ class Broker:
         with self._lock:
             self._fence(controller_epoch)
         # start every missing replica first, then wait for all: actors start in parallel
-        handles = [self._replica(p["topic"], p["partition"], p.get("config") or {})
+        handles = [self._replica(p["topic"], p["partition"], p.get("config") or {},
+                                 p.get("topic_id"))
                    for p in partitions]
         ray.get([h.ready.remote() for h in handles], timeout=120)
         refs = []
@@ -273,41 +294,74 @@ class Broker:
                                                           p["isr"], p["replicas"]))
         return ray.get(refs, timeout=60)
 
-    def _replica(self, topic: str, partition: int, topic_config: dict):
+    def _replica(self, topic: str, partition: int, topic_config: dict,
+                 topic_id: str | None = None):
         """The replica actor of (topic, partition), created (not awaited) when missing; a
-        changed topic config is applied to an existing one."""
+        changed topic config (min.insync.replicas included) is applied to an existing one in
+        place. A replica of an earlier topic of the same name (another topic id) is stopped
+        with its data first."""
         log_config = {**topic_log_defaults(self.config), **topic_config}
         min_isr = int(topic_config.get("min.insync.replicas",
                                        self.config.get("min.insync.replicas", 1)))
         log_config.pop("min.insync.replicas", None)
+        wanted = (log_config, min_isr)
+        key = (topic, partition)
         with self._lock:
-            handle = self.replicas.get((topic, partition))
+            handle = self.replicas.get(key)
+            if handle is not None and topic_id is not None \
+                    and self.replica_ids.get(key) not in (None, topic_id):
+                log.warning("broker %d: %s-%d belongs to an earlier topic incarnation (id %s, "
+                            "now %s): removing it", self.broker_id, topic, partition,
+                            self.replica_ids.get(key), topic_id)
+                self._stop_replica(topic, partition, self.replicas.pop(key), delete=True)
+                handle = None
             if handle is not None:
-                if self.replica_configs.get((topic, partition)) != log_config:
-                    ray.get(handle.update_config.remote(log_config), timeout=60)
-                    self.replica_configs[(topic, partition)] = log_config
+                if self.replica_configs.get(key) != wanted:
+                    ray.get(handle.update_config.remote(log_config, min_isr), timeout=60)
+                    self.replica_configs[key] = wanted
                 return handle
             handle = ray.remote(PartitionReplica).options(
                 name=replica_actor_name(topic, partition, self.broker_id),
                 namespace=self.namespace, num_cpus=0, max_concurrency=8,
-            ).remote(topic, partition, self.broker_id, self.data_dir, log_config, min_isr)
-            self.replicas[(topic, partition)] = handle
-            self.replica_configs[(topic, partition)] = log_config
+                scheduling_strategy=raycompat.this_node(),
+            ).remote(topic, partition, self.broker_id, self.data_dir, log_config, min_isr,
+                     topic_id)
+            self.replicas[key] = handle
+            self.replica_configs[key] = wanted
+            self.replica_ids[key] = topic_id
             return handle
+
+    def _stop_replica(self, topic: str, partition: int, handle, delete: bool) -> None:
+        if handle is not None:
+            try:
+                ray.get(handle.stop.remote(delete), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead replica: just remove its data
+                pass
+            ray.kill(handle, no_restart=True)
+            self._await_name_released(replica_actor_name(topic, partition, self.broker_id))
+        if delete:
+            shutil.rmtree(partition_dir(self.data_dir, topic, partition), ignore_errors=True)
+
+    def _await_name_released(self, name: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=self.namespace)
+            except ValueError:
+                return
+            time.sleep(0.05)
 
     def stop_replicas(self, controller_epoch: int, partitions: list, delete: bool) -> None:
         with self._lock:
             self._fence(controller_epoch)
-            handles = [(tp, self.replicas.pop(tuple(tp), None)) for tp in partitions]
+            handles = []
+            for tp in partitions:
+                key = tuple(tp)
+                handles.append((key, self.replicas.pop(key, None)))
+                self.replica_configs.pop(key, None)
+                self.replica_ids.pop(key, None)
         for (topic, partition), handle in handles:
-            if handle is not None:
-                try:
-                    ray.get(handle.stop.remote(delete), timeout=30)
-                except Exception:  # noqa: BLE001 - a dead replica: just remove its data
-                    pass
-                ray.kill(handle, no_restart=True)
-            if delete:
-                shutil.rmtree(partition_dir(self.data_dir, topic, partition), ignore_errors=True)
+            self._stop_replica(topic, partition, handle, delete)
 
     def update_metadata(self, controller_epoch: int, metadata: dict) -> None:
         with self._lock:

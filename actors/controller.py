@@ -17,8 +17,10 @@ and each tick runs numbered steps, each guarded, never blocking on a slow broker
 4. act       LeaderAndIsr to each broker whose partitions changed (or that restarted), and the
              metadata snapshot to every live broker, all stamped with the controller epoch
              (brokers reject older epochs);
-5. clean up  topic deletions (StopReplica with delete to every hosting broker, then the znodes)
-             and completed admin requests.
+5. clean up  topic deletions (StopReplica with delete to every hosting broker, then the znodes;
+             a broker that was down meets the topic's next incarnation under another topic
+             id and drops its stale directory), completed admin requests, and
+             /config/changes notifications older than 15 minutes.
 
 Watches only set an event that wakes the loop; the loop re-reads ZooKeeper and decides.
 """
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 TICK_S = 1.0
 BROKER_CALL_TIMEOUT_S = 10.0
+CONFIG_CHANGE_EXPIRY_MS = 15 * 60 * 1000       # Kafka's changeExpirationMs
+CONFIG_CHANGE_PURGE_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -59,6 +63,7 @@ class _Observed:
     topics: dict[str, dict[int, _Partition]] = field(default_factory=dict)
     configs: dict[str, dict] = field(default_factory=dict)
     deleting: list[str] = field(default_factory=list)
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
 
 def broker_actor_name(broker_id: int) -> str:
@@ -82,6 +87,7 @@ class ControllerLogic:
         self._last_metadata: dict | None = None
         self._metadata_sent_to: dict[int, int] = {}            # broker -> czxid
         self.wake = threading.Event()
+        self._last_purge = float("-inf")
 
     def activate(self, epoch: int, epoch_zk_version: int | None) -> None:
         self.epoch = epoch
@@ -105,11 +111,13 @@ class ControllerLogic:
                 obs.brokers[bid] = stat.czxid
                 obs.broker_info[bid] = {"host": info.host, "port": info.port, "rack": info.rack}
         obs.deleting = self.store.pending_topic_deletions(watch=self._watch)
+        self.store.config_changes(watch=self._watch)   # an altered config wakes the loop
         for topic in self.store.topics(watch=self._watch):
             try:
-                assignment, _ = self.store.get_topic_assignment(topic, watch=self._watch)
+                assignment, _, topic_id = self.store.get_topic(topic, watch=self._watch)
             except NodeMissingError:
                 continue
+            obs.topic_ids[topic] = topic_id
             parts = {}
             for p, replicas in assignment.items():
                 part = _Partition(list(replicas))
@@ -193,9 +201,11 @@ class ControllerLogic:
                     continue
                 entry = {"topic": topic, "partition": p, "leader": part.state.leader,
                          "leader_epoch": part.state.leader_epoch, "isr": list(part.state.isr),
-                         "replicas": list(part.replicas), "config": obs.configs.get(topic, {})}
+                         "replicas": list(part.replicas), "config": obs.configs.get(topic, {}),
+                         "topic_id": obs.topic_ids.get(topic)}
                 key_state = (part.state.leader, part.state.leader_epoch, tuple(part.state.isr),
-                             tuple(part.replicas), tuple(sorted(entry["config"].items())))
+                             tuple(part.replicas), tuple(sorted(entry["config"].items())),
+                             entry["topic_id"])
                 for bid in part.replicas:
                     if bid not in obs.brokers:
                         continue
@@ -265,7 +275,20 @@ class ControllerLogic:
             return None
         return {(t, p) for t, p in req}
 
+    def purge_config_changes(self) -> None:
+        """At most once a minute, drop /config/changes notifications older than 15 minutes
+        (configs travel to replicas with LeaderAndIsr; a notification only wakes the loop)."""
+        now = time.monotonic()
+        if now - self._last_purge < CONFIG_CHANGE_PURGE_INTERVAL_S:
+            return
+        self._last_purge = now
+        removed = self.store.purge_config_changes(CONFIG_CHANGE_EXPIRY_MS)
+        if removed:
+            log.info("controller %d: purged %d config change notifications", self.broker_id,
+                     removed)
+
     def tick(self) -> None:
+        self.purge_config_changes()
         preferred = self.preferred_requests()
         obs = self.observe()
         self.elect(obs, preferred)

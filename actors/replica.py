@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from storage import Log, LogConfig
+from storage.checkpoint import fsync_dir
 
 from .errors import (FencedLeaderEpochError, IllegalArgumentError, KafkaError,
                      NotEnoughReplicasError, NotLeaderForPartitionError,
@@ -56,18 +57,64 @@ def partition_dir(data_dir: str, topic: str, partition: int) -> str:
     return os.path.join(data_dir, f"{topic}-{partition}")
 
 
+PARTITION_METADATA = "partition.metadata"
+
+
+def read_partition_topic_id(path: str) -> str | None:
+    """The topic id recorded in ``<path>/partition.metadata`` (None when absent or unreadable)."""
+    try:
+        with open(os.path.join(path, PARTITION_METADATA)) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "topic_id":
+                    return value.strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def claim_partition_dir(path: str, topic_id: str) -> bool:
+    """Make ``path`` belong to the topic incarnation ``topic_id`` (Kafka's partition.metadata).
+
+    A directory left by an earlier topic of the same name (deleted while this broker was
+    down, then created again) carries another id: its data is not this topic's, so it is
+    removed before the log opens. A directory without the file (or a new one) is claimed.
+    Returns True when stale data was removed.
+    """
+    found = read_partition_topic_id(path) if os.path.isdir(path) else None
+    removed = False
+    if found is not None and found != topic_id:
+        log.warning("%s holds data of an earlier topic incarnation (topic id %s, now %s): "
+                    "removing it", path, found, topic_id)
+        shutil.rmtree(path)
+        removed = True
+    if found != topic_id:
+        os.makedirs(path, exist_ok=True)
+        tmp = os.path.join(path, PARTITION_METADATA + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(f"version: 0\ntopic_id: {topic_id}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, PARTITION_METADATA))
+        fsync_dir(path)
+    return removed
+
+
 class PartitionReplica:
     """One replica of (topic, partition) on one broker. See the module docstring."""
 
     def __init__(self, topic: str, partition: int, broker_id: int, data_dir: str,
-                 log_config: dict | None = None, min_insync_replicas: int = 1):
+                 log_config: dict | None = None, min_insync_replicas: int = 1,
+                 topic_id: str | None = None):
         self.topic = topic
         self.partition = partition
         self.broker_id = broker_id
         self.path = partition_dir(data_dir, topic, partition)
-        self.config = LogConfig.from_properties(log_config or {})
+        self.topic_id = topic_id
         self.min_insync_replicas = min_insync_replicas
-        self.log = Log.open(self.path, self.config)
+        if topic_id is not None:
+            claim_partition_dir(self.path, topic_id)
+        self.log = Log.open(self.path, LogConfig.from_properties(log_config or {}))
         self.is_leader = False
         self.leader_epoch = -1
         self.leader_id = -1
@@ -107,13 +154,18 @@ class PartitionReplica:
                 f"{self.topic}-{self.partition}: leader epoch {leader_epoch} is older than "
                 f"{self.leader_epoch}")
 
-    def update_config(self, log_config: dict) -> None:
-        """Apply new topic settings (reopening the log under them)."""
+    @property
+    def config(self) -> LogConfig:
+        return self.log.config
+
+    def update_config(self, log_config: dict, min_insync_replicas: int | None = None) -> None:
+        """Apply new topic settings in place: requests in flight carry on, later ones (and
+        the upkeep thread) see the new values."""
         config = LogConfig.from_properties(log_config or {})
-        if config != self.config:
-            self.log.close()
-            self.config = config
-            self.log = Log.open(self.path, config)
+        if config != self.log.config:
+            self.log.update_config(config)
+        if min_insync_replicas is not None:
+            self.min_insync_replicas = int(min_insync_replicas)
 
     # -- client requests ------------------------------------------------------------------
     def _require_leader(self) -> None:
@@ -180,7 +232,8 @@ class PartitionReplica:
             "log_start_offset": self.log.log_start_offset,
             "log_end_offset": self.log.log_end_offset,
             "high_watermark": self.high_watermark,
-            "size_bytes": self.log.size_bytes,
+            "size_bytes": self.log.size_bytes, "topic_id": self.topic_id,
+            "min_insync_replicas": self.min_insync_replicas,
         }
 
     # -- lifecycle --------------------------------------------------------------------------

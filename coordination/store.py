@@ -127,6 +127,17 @@ class ZkStore:
         data, stat = self._get(L.topic_path(topic), watch)
         return L.decode_topic_assignment(topic, data), stat.version
 
+    def get_topic(self, topic: str, *, watch: Watch = None
+                  ) -> tuple[dict[int, tuple[int, ...]], int, str]:
+        """(partition -> replicas, zk version, topic id); NodeMissingError if no such topic.
+
+        The topic id names this incarnation of the topic: the creation zxid of its
+        /brokers/topics znode, unique per creation in the ensemble, so a topic deleted and
+        created again under the same name has another id (the role of Kafka's topic UUID,
+        without changing the seed's JSON body)."""
+        data, stat = self._get(L.topic_path(topic), watch)
+        return L.decode_topic_assignment(topic, data), stat.version, f"{stat.czxid:x}"
+
     def set_topic_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]], *,
                              expected_version: int) -> int:
         """Conditional rewrite (reassignment, added partitions); returns the new zk version."""
@@ -213,6 +224,26 @@ class ZkStore:
         # here — the config itself is durable and re-read on any broker start.
         self.zk.create(f"{L.CONFIG_CHANGES_PATH}/{L.CONFIG_CHANGE_PREFIX}",
                        L.encode_config_change(topic), sequence=True, makepath=True)
+
+    def config_changes(self, *, watch: Watch = None) -> list[str]:
+        """The pending /config/changes notification names (sorted by sequence)."""
+        try:
+            return sorted(self._children(L.CONFIG_CHANGES_PATH, watch))
+        except NodeMissingError:
+            return []
+
+    def purge_config_changes(self, older_than_ms: int, *, now_ms: int | None = None) -> int:
+        """Delete notifications created more than ``older_than_ms`` ago (Kafka keeps them
+        15 minutes, long enough for every broker to have seen them); returns how many."""
+        now_ms = L.now_ms() if now_ms is None else now_ms
+        removed = 0
+        for name in self.config_changes():
+            path = f"{L.CONFIG_CHANGES_PATH}/{name}"
+            stat = self.retry.run(lambda p=path: self.zk.exists(p))
+            if stat is not None and now_ms - stat.ctime > older_than_ms:
+                self._delete_if_present(path)
+                removed += 1
+        return removed
 
     # -- topic deletion --------------------------------------------------------------------
 

@@ -173,6 +173,15 @@ class Log:
             self._closed = True
             self._release_dir_lock()
 
+    def update_config(self, config: LogConfig) -> None:
+        """Apply new settings in place, without closing: later appends, rolls, flushes and
+        upkeep use them; segments already written keep their index interval (as Kafka's)."""
+        if not isinstance(config, LogConfig):
+            config = LogConfig.from_properties(config)
+        with self._lock:
+            self._check_open()
+            self.config = config
+
     def __enter__(self) -> "Log":
         return self
 
@@ -261,7 +270,8 @@ class Log:
                         f"batch of {h.size} bytes exceeds segment.bytes={config.segment_bytes}")
             now = self._clock()
             if assign_offsets:
-                chunks, infos = self._assign(buf, headers, leader_epoch, now)
+                chunks, infos = self._assign(buf, headers, leader_epoch, now,
+                                             config.log_append_time)
             else:
                 chunks, infos = self._keep(buf, headers, leader_epoch)
             verify = _start_crc_check(buf, headers) if overlap_crc else None
@@ -270,11 +280,10 @@ class Log:
             self._maybe_flush(now)
             return infos[0].base_offset, infos[-1].last_offset
 
-    def _assign(self, buf, headers: list[BatchHeader], leader_epoch, now):
+    def _assign(self, buf, headers: list[BatchHeader], leader_epoch, now, log_append_time):
         mv = memoryview(buf)
         next_offset = self.log_end_offset
         chunks, infos = [], []
-        log_append_time = self.config.log_append_time
         for h in headers:
             if h.records_count <= 0 or h.records_count != h.last_offset_delta + 1:
                 raise InvalidRecordError(

@@ -254,6 +254,34 @@ def test_altered_topic_config_reaches_zookeeper_and_the_partition_logs(cluster, 
     admin.delete_topic("altered")
 
 
+def test_an_altered_min_insync_replicas_reaches_the_running_leaders(cluster, zk):
+    """Raising min.insync.replicas above the ISR (RF=1) makes the leaders refuse acks=all
+    with NotEnoughReplicasError while acks=1 still appends; the log is not reopened."""
+    from actors.errors import NotEnoughReplicasError
+    admin = cluster.admin()
+    admin.create_topic("minisr", partitions=1)
+    leader = cluster.metadata.leader("minisr", 0)
+    ray.get(leader.handle.produce.remote(build([b"a"]), -1, 1000))
+    admin.alter_topic_config("minisr", {"min.insync.replicas": "2"})
+
+    def refused():
+        try:
+            ray.get(cluster.metadata.leader("minisr", 0).handle.produce.remote(
+                build([b"b"]), -1, 1000))
+        except NotEnoughReplicasError:
+            return True
+        return False
+    wait_until(refused, what="the leader applying min.insync.replicas=2")
+    res = ray.get(leader.handle.produce.remote(build([b"c"]), 1, 1000))
+    state = ray.get(leader.handle.state.remote())
+    assert state["min_insync_replicas"] == 2
+    assert state["topic_id"] == f"{zk.exists('/brokers/topics/minisr').czxid:x}"
+    data = ray.get(leader.handle.fetch.remote(0, 1 << 20)).data
+    assert [r.value for r in decode_records(data)][0] == b"a"
+    assert res.last_offset == state["log_end_offset"] - 1
+    admin.delete_topic("minisr")
+
+
 def test_public_clients_refuse_bad_input_and_read_offsets_on_a_real_cluster(cluster):
     """Through Cluster.producer()/simple_consumer(): wrong types, unknown topics and
     partitions, oversized records and out-of-range offsets raise their typed errors, nothing

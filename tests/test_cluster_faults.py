@@ -169,3 +169,48 @@ def test_zookeeper_down_for_ten_seconds_loses_no_acknowledged_record(cluster):
         assert got == acked[p], f"partition {p} lost acknowledged records"
     cluster.admin().create_topic("after-outage", partitions=2)
     assert "after-outage" in cluster.admin().list_topics()
+
+
+def test_a_topic_deleted_while_a_broker_is_down_and_recreated_does_not_reopen_old_data(cluster):
+    """Delete a topic while one of its brokers is down and create it again: the returning
+    broker drops its directory of the earlier incarnation (another topic id), so the new
+    topic starts empty everywhere."""
+    import os
+    admin = cluster.admin()
+    admin.create_topic("reborn", partitions=3)
+    rows = admin.describe_topic("reborn")
+    victim = rows[0]["leader"]
+    mine = [r["partition"] for r in rows if r["leader"] == victim]
+    for p in mine:
+        _produce(cluster, "reborn", p, 20, b"old")
+    old_dirs = [os.path.join(cluster.data_dir, f"broker-{victim}", f"reborn-{p}") for p in mine]
+    assert all(os.path.isdir(d) for d in old_dirs)
+    cluster.kill_broker(victim)
+    wait_until(lambda: victim not in cluster.metadata.refresh()["brokers"], timeout_s=30,
+               what="the killed broker's session to expire")
+    admin.delete_topic("reborn")
+    wait_until(lambda: "reborn" not in admin.list_topics(), what="the deletion to complete")
+    assert all(os.path.isdir(d) for d in old_dirs), "a down broker cannot remove its data"
+    admin.create_topic("reborn", partitions=3)
+    cluster.start_broker(victim)
+    wait_until(lambda: not any(os.path.isdir(d) and os.listdir(d) and
+                               _topic_id_of(d) != _current_topic_id(cluster, "reborn")
+                               for d in old_dirs), what="stale directories removed")
+    for p in range(3):
+        wait_until(lambda: cluster.metadata.refresh()["topics"]["reborn"][p]["leader"] >= 0,
+                   what="the new topic online")
+        assert _read_all(cluster, "reborn", p) == [], "the new incarnation starts empty"
+
+
+def _topic_id_of(path):
+    from actors.replica import read_partition_topic_id
+    return read_partition_topic_id(path)
+
+
+def _current_topic_id(cluster, topic):
+    zk = zk_client(cluster)
+    try:
+        return f"{zk.exists(f'/brokers/topics/{topic}').czxid:x}"
+    finally:
+        zk.stop()
+        zk.close()

@@ -192,6 +192,34 @@ def test_topic_nodes_and_bodies_as_kafka_writes_them(clients, raw):
         store.request_topic_deletion("events")
 
 
+def test_a_recreated_topic_has_another_topic_id(clients):
+    """get_topic's topic id (the topic znode's creation zxid) is stable while the topic
+    lives and differs for a topic deleted and created again under the same name."""
+    store = ZkStore(clients())
+    store.create_topic("again", {0: [1]})
+    first = store.get_topic("again")
+    assert first[0] == {0: (1,)} and store.get_topic("again")[2] == first[2]
+    store.request_topic_deletion("again")
+    store.complete_topic_deletion("again")
+    store.create_topic("again", {0: [1]})
+    assert store.get_topic("again")[2] != first[2]
+
+
+def test_config_change_notifications_are_purged_when_expired(clients):
+    """purge_config_changes deletes the /config/changes notifications older than the given
+    age and keeps the younger ones."""
+    store = ZkStore(clients())
+    store.create_topic("cfg", {0: [1]})
+    for i in range(3):
+        store.set_topic_config("cfg", {"retention.ms": i + 1})
+    assert len(store.config_changes()) == 3
+    assert store.purge_config_changes(15 * 60 * 1000) == 0, "young ones stay"
+    assert len(store.config_changes()) == 3
+    later = L.now_ms() + 16 * 60 * 1000
+    assert store.purge_config_changes(15 * 60 * 1000, now_ms=later) == 3
+    assert store.config_changes() == []
+
+
 def test_namespaces_do_not_see_each_other(zk_server, raw):
     """Two namespaces on one server: same paths, separate data (chroot /raykafka-<ns>)."""
     a = connect(ZkSettings(hosts=zk_server.hosts, namespace="iso-a"))

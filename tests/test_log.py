@@ -193,6 +193,25 @@ def test_roll_by_segment_bytes_and_file_names(tmp_path):
     assert segment_files(str(tmp_path)) == expected
 
 
+def test_update_config_applies_in_place_to_later_appends(tmp_path):
+    """update_config changes an open log's settings without closing it: a reader's view
+    stays valid, later rolls follow the new segment.bytes and a lowered max.message.bytes
+    refuses a batch that fitted before."""
+    batch = make_batch(2)
+    with Log.open(str(tmp_path), LogConfig(segment_bytes=100 * len(batch))) as log:
+        written = _fill(log, 4, records=2)
+        before = log.segments
+        log.update_config(LogConfig(segment_bytes=2 * len(batch),
+                                    max_message_bytes=len(batch) - 1))
+        assert log.segments == before, "no reopen: the same segment objects"
+        with pytest.raises(RecordTooLargeError):
+            log.append(batch)
+        log.update_config({"segment.bytes": str(2 * len(batch))})
+        written += _fill(log, 4, records=2)
+        assert len(log.segments) >= 3, "later appends rolled at the new segment.bytes"
+        _stored_matches(read_all(log), written)
+
+
 def test_roll_by_segment_ms(tmp_path):
     """The active segment rolls at the first append once segment.ms has passed since it was
     created, by the clock the log was given."""

@@ -46,3 +46,22 @@ def test_perf_json_line_has_null_percentiles_without_samples(capsys):
     line = capsys.readouterr().out.strip().splitlines()[-1]
     parsed = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
     assert parsed["p50_ms"] is None and parsed["p99_ms"] is None
+
+
+def test_a_partition_dir_of_an_earlier_topic_incarnation_is_removed_before_use(tmp_path):
+    """claim_partition_dir keeps data of the same topic id, claims a directory without
+    partition.metadata, and removes one that names another topic id (a topic deleted while
+    the broker was down and created again)."""
+    from actors.replica import claim_partition_dir, read_partition_topic_id
+    path = tmp_path / "t-0"
+    path.mkdir()
+    (path / "00000000000000000000.log").write_bytes(b"old")
+    assert claim_partition_dir(str(path), "a1") is False
+    assert read_partition_topic_id(str(path)) == "a1"
+    assert (path / "00000000000000000000.log").exists(), "unlabelled data is adopted"
+    assert claim_partition_dir(str(path), "a1") is False
+    assert (path / "00000000000000000000.log").exists(), "same id: data kept"
+    assert claim_partition_dir(str(path), "b2") is True
+    assert not (path / "00000000000000000000.log").exists(), "another id: data removed"
+    assert read_partition_topic_id(str(path)) == "b2"
+    assert (path / "partition.metadata").read_text() == "version: 0\ntopic_id: b2\n"
