@@ -32,10 +32,10 @@ from storage import LogConfig
 
 from . import raycompat
 from .controller import Controller
-from .errors import (BrokerIdInUseError, InvalidPartitionsError, InvalidReplicationFactorError,
-                     InvalidTopicError, KafkaTimeoutError, StaleControllerEpochError,
-                     TopicAlreadyExistsError, UnknownTopicOrPartitionError,
-                     ZooKeeperUnavailableError)
+from .errors import (BrokerIdInUseError, InconsistentClusterIdError, InvalidPartitionsError,
+                     InvalidReplicationFactorError, InvalidTopicError, KafkaTimeoutError,
+                     StaleControllerEpochError, TopicAlreadyExistsError,
+                     UnknownTopicOrPartitionError, ZooKeeperUnavailableError)
 from .replica import PartitionReplica, partition_dir, read_partition_topic_id
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,38 @@ def topic_log_defaults(broker_config: dict) -> dict:
     return out
 
 
+def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> None:
+    """Kafka's meta.properties: written on a broker's first start, checked on every later
+    one. A data dir of another cluster (a new ZooKeeper, another namespace) or of another
+    broker id raises InconsistentClusterIdError instead of serving foreign data."""
+    path = os.path.join(broker_dir, "meta.properties")
+    try:
+        with open(path) as f:
+            props = dict(line.strip().split("=", 1) for line in f
+                         if "=" in line and not line.startswith("#"))
+    except FileNotFoundError:
+        props = None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InconsistentClusterIdError(f"{path} is unreadable: {exc}") from None
+    if props is not None:
+        if props.get("cluster.id") != cluster_id:
+            raise InconsistentClusterIdError(
+                f"{broker_dir} belongs to cluster {props.get('cluster.id')!r}, but ZooKeeper "
+                f"holds cluster {cluster_id!r}: refusing to start broker {broker_id} on it "
+                f"(use another data dir, or the ZooKeeper that cluster used)")
+        if props.get("broker.id") != str(broker_id):
+            raise InconsistentClusterIdError(
+                f"{broker_dir} belongs to broker {props.get('broker.id')!r}, not {broker_id}")
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"#raykafka broker metadata\nversion=0\nbroker.id={broker_id}\n"
+                f"cluster.id={cluster_id}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _zk_errors(method):
     """Admin requests answer a ZooKeeper outage with the public ZooKeeperUnavailableError
     (retriable), not coordination's internal error."""
@@ -105,6 +137,7 @@ class Broker:
         self.namespace = conf["namespace"]
         self.config = dict(conf.get("config") or {})
         self.data_dir = os.path.join(conf["data_dir"], f"broker-{broker_id}")
+        self.ran_here_before = os.path.isdir(self.data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock = threading.RLock()
         self.replicas: dict[tuple[str, int], object] = {}
@@ -120,10 +153,14 @@ class Broker:
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self, wait_for_stale_s: float = 0.0) -> dict:
-        """Connect to ZooKeeper, register (waiting up to ``wait_for_stale_s`` for the
-        registration of a previous incarnation to expire), start the controller candidate."""
+    def start(self, wait_for_stale_s: float | None = None) -> dict:
+        """Connect to ZooKeeper, check meta.properties, register (waiting up to
+        ``wait_for_stale_s`` for the registration of a previous incarnation to expire: by
+        default three session timeouts when this data dir was used before, else none), start
+        the controller candidate."""
         session_s = float(self.config.get("zookeeper.session.timeout.ms", 6000)) / 1000
+        if wait_for_stale_s is None:
+            wait_for_stale_s = session_s * 3 + 10 if self.ran_here_before else 0.0
         settings = ZkSettings(hosts=self.conf["zk_hosts"], namespace=self.namespace,
                               session_timeout_s=session_s)
         try:
@@ -133,6 +170,11 @@ class Broker:
             self.cluster_id = self.store.get_or_create_cluster_id()
         except ZkUnavailableError as exc:
             raise ZooKeeperUnavailableError(str(exc)) from None
+        try:
+            check_meta_properties(self.data_dir, self.broker_id, self.cluster_id)
+        except InconsistentClusterIdError:
+            self.zk.close()
+            raise
         host = "127.0.0.1"
         try:
             host = ray.util.get_node_ip_address()

@@ -1,9 +1,10 @@
 """Cluster: start or attach to a raykafka cluster (Ray + ZooKeeper + brokers).
 
 ``Cluster.start`` (the embedded default) starts or reuses a local Ray, starts an embedded
-ZooKeeper unless ``zk`` names one, and creates the Broker actors (each pinned to this node,
-each with ``<data_dir>/broker-<id>``); it returns when a controller is active and every
-broker is registered. A small named ``ClusterInfo`` actor records what a later
+ZooKeeper unless ``zk`` names one, and creates the Broker actors (each with
+``<data_dir>/broker-<id>``, each pinned to a node chosen by ``actors.nodes``: on one machine
+all on it, on a multi-node Ray one per worker, a broker whose data a node holds back on that
+node); it returns when a controller is active and every broker is registered. A small named ``ClusterInfo`` actor records what a later
 ``Cluster.connect(namespace)`` needs (from any driver, task or actor on the Ray cluster).
 
 Namespaces keep clusters apart: Ray actor names live in the Ray namespace ``namespace``, the
@@ -19,6 +20,7 @@ import tempfile
 import time
 
 from . import raycompat
+from .nodes import place_brokers
 from .errors import (ClusterNotFoundError, InvalidConfigurationError, KafkaError,
                      KafkaTimeoutError)
 
@@ -124,16 +126,15 @@ class Cluster:
             name=INFO_ACTOR, namespace=namespace, num_cpus=0).remote(info)
         cluster = cls(info, owned=True, zk_server=zk_server, info_actor=info_actor)
         atexit.register(cluster._atexit)
-        # A broker that ran from this data dir before may still be registered under a session
-        # ZooKeeper has not expired yet (its process was killed, or ZooKeeper kept the session
-        # across its own restart): wait for that registration to go instead of failing.
-        session_s = int(broker_config["zookeeper.session.timeout.ms"]) / 1000
-        stale_s = {b: session_s * 3 + 10 if os.path.isdir(os.path.join(data_dir, f"broker-{b}"))
-                   else 0.0 for b in range(num_brokers)}
         try:
+            placement = place_brokers(list(range(num_brokers)), data_dir)
+            cluster._set_broker_nodes(placement)
             handles = [cluster._create_broker(b) for b in range(num_brokers)]
-            ray.get([h.start.remote(wait_for_stale_s=stale_s[b]) for b, h in enumerate(handles)],
-                    timeout=START_TIMEOUT_S + max(stale_s.values()))
+            # A broker whose data dir was used before waits (inside start) for its previous
+            # incarnation's registration to expire instead of failing.
+            session_s = int(broker_config["zookeeper.session.timeout.ms"]) / 1000
+            ray.get([h.start.remote() for h in handles],
+                    timeout=START_TIMEOUT_S + session_s * 3 + 10)
             cluster.wait_ready(timeout_s=START_TIMEOUT_S)
         except BaseException:
             cluster.shutdown()
@@ -157,11 +158,24 @@ class Cluster:
                 "data_dir": self.data_dir, "config": self.config,
                 "zk_session_timeout_s": int(self.config["zookeeper.session.timeout.ms"]) / 1000}
 
+    def _set_broker_nodes(self, placement: dict[int, str]) -> None:
+        nodes = {**self._info.get("broker_nodes", {}),
+                 **{str(b): n for b, n in placement.items()}}
+        self._info["broker_nodes"] = nodes
+        if self._info_actor is not None:
+            ray.get(self._info_actor.update.remote(broker_nodes=nodes), timeout=30)
+
+    def broker_node(self, broker_id: int) -> str | None:
+        """The Ray node id broker ``broker_id`` is pinned to."""
+        return self._info.get("broker_nodes", {}).get(str(broker_id))
+
     def _create_broker(self, broker_id: int):
         from .broker import Broker
+        node = self.broker_node(broker_id)
         handle = ray.remote(Broker).options(
             name=f"broker-{broker_id}", namespace=self.namespace, num_cpus=0,
-            max_concurrency=32, scheduling_strategy=raycompat.this_node(),
+            max_concurrency=32,
+            scheduling_strategy=raycompat.on_node(node) if node else raycompat.this_node(),
         ).remote(broker_id, self._conf())
         self._brokers[broker_id] = handle
         return handle
@@ -244,6 +258,9 @@ class Cluster:
             ray.get(self._info_actor.update.remote(broker_ids=ids), timeout=30)
             self._info["broker_ids"] = ids
         session_s = int(self.config["zookeeper.session.timeout.ms"]) / 1000
+        node = self.broker_node(broker_id)
+        if node is None or node not in {n["NodeID"] for n in ray.nodes() if n.get("Alive")}:
+            self._set_broker_nodes(place_brokers([broker_id], self.data_dir))
         deadline = time.monotonic() + 30
         while True:
             try:

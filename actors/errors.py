@@ -79,6 +79,11 @@ class BrokerIdInUseError(KafkaError):
     """Another live broker is registered with this broker id."""
 
 
+class InconsistentClusterIdError(KafkaError):
+    """A broker's data dir (its meta.properties) belongs to another cluster or broker id
+    than the one starting on it; Kafka refuses to start such a broker, so do we."""
+
+
 class NoBrokersAvailable(RetriableError):
     pass
 
@@ -118,7 +123,7 @@ __all__ = [
     "NotLeaderForPartitionError", "LeaderNotAvailableError", "NotEnoughReplicasError",
     "NotEnoughReplicasAfterAppendError", "FencedLeaderEpochError",
     "StaleControllerEpochError", "NotControllerError", "BrokerNotAvailableError",
-    "BrokerIdInUseError", "NoBrokersAvailable", "KafkaTimeoutError", "RequestTimedOutError",
+    "BrokerIdInUseError", "InconsistentClusterIdError", "NoBrokersAvailable", "KafkaTimeoutError", "RequestTimedOutError",
     "IllegalStateError", "IllegalArgumentError", "ClusterNotFoundError",
     "ZooKeeperUnavailableError",
 ]

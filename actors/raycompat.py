@@ -71,3 +71,8 @@ def this_node() -> NodeAffinitySchedulingStrategy:
     """Pin an actor to the node of the caller (a broker stays with its data)."""
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(),
                                           soft=False)
+
+
+def on_node(node_id: str) -> NodeAffinitySchedulingStrategy:
+    """Pin an actor or task to ``node_id`` (hard: it waits for that node, never moves)."""
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)

@@ -190,6 +190,25 @@ def test_two_clusters_in_one_ray_do_not_interfere(cluster):
     assert cluster.admin().list_topics() is not None
 
 
+def test_a_data_dir_of_another_cluster_is_refused_with_a_typed_error(cluster, tmp_path):
+    """A kept data dir started against a fresh ZooKeeper (another cluster id) fails with
+    InconsistentClusterIdError naming both ids, and its data is left untouched."""
+    import shutil
+    from actors.errors import InconsistentClusterIdError
+    data_dir = str(tmp_path / "kept")
+    first = Cluster.start(num_brokers=1, data_dir=data_dir, namespace=unique_namespace("kept"),
+                          config=FAST_CONFIG)
+    first.admin().create_topic("kept-topic")
+    first.shutdown()
+    meta = (tmp_path / "kept" / "broker-0" / "meta.properties").read_text()
+    shutil.rmtree(tmp_path / "kept" / "zookeeper")      # a new ZooKeeper: a new cluster id
+    with pytest.raises(InconsistentClusterIdError, match="belongs to cluster"):
+        Cluster.start(num_brokers=1, data_dir=data_dir, namespace=unique_namespace("kept"),
+                      config=FAST_CONFIG)
+    assert (tmp_path / "kept" / "broker-0" / "meta.properties").read_text() == meta
+    assert os.path.isdir(tmp_path / "kept" / "broker-0" / "kept-topic-0")
+
+
 def test_100k_keyed_records_over_6_partitions_keep_their_order_per_key(cluster):
     """100,000 keyed records sent through cluster.producer() come back through the
     SimpleConsumer exactly once, each key on its murmur2 partition, in send order per key."""

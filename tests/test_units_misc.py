@@ -65,3 +65,34 @@ def test_a_partition_dir_of_an_earlier_topic_incarnation_is_removed_before_use(t
     assert not (path / "00000000000000000000.log").exists(), "another id: data removed"
     assert read_partition_topic_id(str(path)) == "b2"
     assert (path / "partition.metadata").read_text() == "version: 0\ntopic_id: b2\n"
+
+
+def test_brokers_go_back_to_the_node_holding_their_data_and_spread_over_the_rest():
+    """choose_broker_nodes: data held by one node pins its broker there; data seen from
+    several nodes (shared disk) pins nothing; the others go to the least-loaded node."""
+    from actors.nodes import choose_broker_nodes
+    nodes = ["n1", "n2", "n3"]
+    assert choose_broker_nodes([0, 1, 2], nodes, {}) == {0: "n1", 1: "n2", 2: "n3"}
+    assert choose_broker_nodes([0, 1, 2], nodes, {2: ["n1"], 0: ["n3"]}) == \
+        {0: "n3", 2: "n1", 1: "n2"}
+    assert choose_broker_nodes([0, 1], nodes, {0: ["n1", "n2", "n3"]}) == {0: "n1", 1: "n2"}
+    assert choose_broker_nodes([0, 1, 2, 3], ["a", "b"], {}) == {0: "a", 1: "b", 2: "a", 3: "b"}
+    assert choose_broker_nodes([0], ["a"], {0: ["gone"]}) == {0: "a"}
+    with pytest.raises(ValueError):
+        choose_broker_nodes([0], [], {})
+
+
+def test_meta_properties_is_written_once_and_refuses_another_cluster_or_broker(tmp_path):
+    """check_meta_properties writes broker.id and cluster.id on a first start, accepts the
+    same pair later, and raises InconsistentClusterIdError for another cluster or broker."""
+    from actors.broker import check_meta_properties
+    from actors.errors import InconsistentClusterIdError
+    check_meta_properties(str(tmp_path), 2, "clusterAAAAAAAAAAAAAAA")
+    text = (tmp_path / "meta.properties").read_text()
+    assert "broker.id=2\n" in text and "cluster.id=clusterAAAAAAAAAAAAAAA\n" in text
+    check_meta_properties(str(tmp_path), 2, "clusterAAAAAAAAAAAAAAA")
+    with pytest.raises(InconsistentClusterIdError, match="clusterAAAAAAAAAAAAAAA"):
+        check_meta_properties(str(tmp_path), 2, "clusterBBBBBBBBBBBBBBB")
+    with pytest.raises(InconsistentClusterIdError, match="broker '2', not 3"):
+        check_meta_properties(str(tmp_path), 3, "clusterAAAAAAAAAAAAAAA")
+    assert (tmp_path / "meta.properties").read_text() == text
