@@ -99,6 +99,7 @@ def cmd_start(args) -> int:
     try:
         state = daemon.start_daemon(namespace=args.namespace, brokers=args.brokers,
                                     data_dir=args.data_dir, zk=args.zk,
+                                    ray_address=args.ray_address,
                                     timeout_s=args.timeout, progress=progress)
     finally:
         if interactive:
@@ -107,7 +108,8 @@ def cmd_start(args) -> int:
     print(f"  brokers     {', '.join(map(str, state.get('broker_ids', [])))}")
     print(f"  zookeeper   {state['zk_hosts']}"
           f"{' (embedded)' if state.get('embedded_zk') else ''}")
-    print(f"  ray         {state['ray_address']}")
+    print(f"  ray         {state['ray_address']}"
+          f"{' (attached)' if state.get('attached_ray') else ' (private, local)'}")
     print(f"  data dir    {state['data_dir']}")
     print(f"  daemon      pid {state['pid']}, log {state['log_file']}")
     from . import raycompat
@@ -475,6 +477,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the cluster keeps its data (default ~/.raykafka/data/<ns>)")
     s.add_argument("--zk", default=None, metavar="HOST:PORT",
                    help="an external ZooKeeper (default: start an embedded one)")
+    s.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="run the brokers on this running Ray (\"auto\", or HOST:PORT of its "
+                        "GCS; on a `ray up` cluster one broker per worker node) instead of a "
+                        "private local Ray; `stop` then leaves that Ray running")
     s.add_argument("--timeout", type=_positive_float, default=150.0,
                    help="seconds to wait for the cluster (default 150)")
     s = cmd(sub, "stop", cmd_stop, "stop the cluster `start` left running")

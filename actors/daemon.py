@@ -2,16 +2,18 @@
 
 ``raykafka start`` spawns ``python -m actors.daemon`` as a detached process (its own session,
 no terminal, output to ``<data_dir>/daemon.log``). The daemon starts a private local Ray
-(``raycompat.init_local``), an embedded ZooKeeper (unless ``--zk``) and the brokers with
-``Cluster.start``, then writes the state file and sleeps until SIGTERM/SIGINT, on which it
-shuts the cluster down, stops Ray and removes the state file.
+(``raycompat.init_local``) or, with ``--ray-address``, attaches to a running one (a ``ray up``
+cluster; its processes are never ended by us), an embedded ZooKeeper (unless ``--zk``) and
+the brokers with ``Cluster.start``, then writes the state file and sleeps until
+SIGTERM/SIGINT, on which it shuts the cluster down, leaves Ray (stopping it only when it
+started it) and removes the state file.
 
 The state file ``<RAYKAFKA_STATE_DIR or ~/.raykafka>/<namespace>.json`` (written atomically:
 temp file + rename) is what later commands and ``Cluster.connect(namespace)`` read::
 
     {"namespace", "status": "starting" | "ready" | "stopping", "pid", "ray_address",
-     "data_dir", "zk_hosts", "embedded_zk", "zk_data_dir", "brokers", "log_file",
-     "ray_pids", "started_at"}
+     "attached_ray", "data_dir", "zk_hosts", "embedded_zk", "zk_data_dir", "brokers",
+     "log_file", "ray_pids", "started_at"}
 
 Invariants: a state file whose ``pid`` is not alive is stale (``live_state`` removes it);
 ``ray_address`` is only present once ``status`` is "ready".
@@ -103,7 +105,8 @@ def default_data_dir(namespace: str) -> str:
 
 
 def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str | None,
-                 timeout_s: float = START_TIMEOUT_S, progress=None) -> dict:
+                 ray_address: str | None = None, timeout_s: float = START_TIMEOUT_S,
+                 progress=None) -> dict:
     """Spawn the daemon and wait until its state file says "ready"; returns the state.
 
     ``progress(elapsed_s, status)`` is called about every half second while waiting.
@@ -120,6 +123,8 @@ def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str 
            "--brokers", str(brokers), "--data-dir", data_dir]
     if zk:
         cmd += ["--zk", zk]
+    if ray_address:
+        cmd += ["--ray-address", ray_address]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -256,18 +261,22 @@ def _ray_pids() -> list[int]:
         return []
 
 
-def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None) -> int:
+def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
+               ray_address: str | None = None) -> int:
     from .cluster import Cluster
     stop = threading.Event()
     base = {"namespace": namespace, "pid": os.getpid(), "data_dir": data_dir,
             "brokers": brokers, "log_file": os.path.join(data_dir, LOG_NAME),
-            "embedded_zk": zk is None,
+            "embedded_zk": zk is None, "attached_ray": ray_address is not None,
             "zk_data_dir": os.path.join(data_dir, "zookeeper") if zk is None else None,
             "started_at": time.time()}
     write_state(namespace, {**base, "status": "starting"})
     print(f"raykafka-daemon: pid {os.getpid()} starting namespace {namespace!r}, "
           f"{brokers} brokers, data {data_dir}", flush=True)
     try:
+        if ray_address is not None:
+            # a Ray somebody else runs (a `ray up` cluster): attach; never end its processes
+            raycompat.attach(ray_address, namespace)
         cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, zk=zk,
                                 namespace=namespace)
     except BaseException as exc:
@@ -281,7 +290,7 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None) -> i
     ray = raycompat.ray
     state = {**base, "status": "ready", "ray_address": ray.get_runtime_context().gcs_address,
              "zk_hosts": cluster.zk_hosts, "broker_ids": cluster.broker_ids(),
-             "ray_pids": _ray_pids()}
+             "ray_pids": [] if ray_address is not None else _ray_pids()}
     write_state(namespace, state)
     print(f"raykafka-daemon: ready: ray {state['ray_address']}, zookeeper {cluster.zk_hosts}",
           flush=True)
@@ -306,8 +315,10 @@ def main(argv=None) -> int:
     p.add_argument("--brokers", type=int, required=True)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--zk", default=None)
+    p.add_argument("--ray-address", default=None)
     a = p.parse_args(argv)
-    return run_daemon(a.namespace, a.brokers, os.path.abspath(a.data_dir), a.zk)
+    return run_daemon(a.namespace, a.brokers, os.path.abspath(a.data_dir), a.zk,
+                      a.ray_address)
 
 
 if __name__ == "__main__":

@@ -253,3 +253,39 @@ def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(tmp_path)
     out = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "1", timeout=240)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     assert run_cli(state_dir, "stop", "--namespace", ns, timeout=120).returncode == 0
+
+
+def test_start_on_a_running_ray_attaches_and_stop_leaves_that_ray_running(tmp_path):
+    """`start --ray-address` puts the brokers on a Ray somebody else runs (here: this test's
+    own): the state records no Ray PIDs to end, the cluster serves, and `stop` ends the
+    brokers but leaves that Ray running."""
+    from cluster_helpers import ray, start_ray, stop_ray
+    start_ray()
+    try:
+        address = ray.get_runtime_context().gcs_address
+        state_dir, ns = str(tmp_path / "state"), unique_namespace("attached")
+        out = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "1",
+                      "--ray-address", address, "--data-dir", str(tmp_path / "data"),
+                      timeout=240)
+        assert out.returncode == 0, out.stderr.decode()[-3000:]
+        assert "(attached)" in out.stdout.decode()
+        with open(os.path.join(state_dir, f"{ns}.json")) as f:
+            state = json.load(f)
+        assert state["attached_ray"] is True and state["ray_pids"] == []
+        assert state["ray_address"] == address
+        assert ray.get_actor("broker-0", namespace=ns) is not None, "brokers run on our Ray"
+        assert run_cli(state_dir, "topics", "create", "att", "--partitions", "1",
+                       "--replication-factor", "1", "--namespace", ns).returncode == 0
+        assert run_cli(state_dir, "produce", "att", "--namespace", ns,
+                       stdin=b"a\nb\n").returncode == 0
+        got = run_cli(state_dir, "consume", "att", "--from-beginning", "--max-messages", "2",
+                      "--namespace", ns)
+        assert got.returncode == 0 and got.stdout.decode().split() == ["a", "b"]
+        out = run_cli(state_dir, "stop", "--namespace", ns, timeout=120)
+        assert out.returncode == 0, out.stderr.decode()
+        wait_until(lambda: not _alive(state["pid"]), timeout_s=30, what="daemon gone")
+        assert ray.get(ray.put(41)) == 41, "the Ray we attached to still runs"
+        with pytest.raises(ValueError):
+            ray.get_actor("broker-0", namespace=ns)
+    finally:
+        stop_ray()

@@ -96,3 +96,20 @@ def test_meta_properties_is_written_once_and_refuses_another_cluster_or_broker(t
     with pytest.raises(InconsistentClusterIdError, match="broker '2', not 3"):
         check_meta_properties(str(tmp_path), 3, "clusterAAAAAAAAAAAAAAA")
     assert (tmp_path / "meta.properties").read_text() == text
+
+
+def test_cluster_yaml_is_a_ray_up_config_that_installs_raykafka_and_zookeeper():
+    """cluster.yaml parses, uses Ray's local provider, runs scripts/install.sh on every node
+    and installs ZooKeeper on the head (the brokers' registry)."""
+    import os
+
+    import yaml
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "cluster.yaml")) as f:
+        conf = yaml.safe_load(f)
+    assert conf["provider"]["type"] == "local"
+    assert any("scripts/install.sh" in c for c in conf["setup_commands"])
+    assert os.path.exists(os.path.join(root, "scripts", "install.sh"))
+    assert any("zookeeper" in c for c in conf["head_setup_commands"])
+    assert any("ray start --head" in c for c in conf["head_start_ray_commands"])
+    assert any("ray start --address" in c for c in conf["worker_start_ray_commands"])
