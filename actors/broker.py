@@ -274,6 +274,17 @@ class Broker:
     def ping(self) -> int:
         return self.broker_id
 
+    def node_id(self) -> str:
+        """The Ray node this broker (and its data) is on."""
+        return ray.get_runtime_context().get_node_id()
+
+    def replica_nodes(self) -> dict[str, str]:
+        """``"<topic>-<p>"`` -> the Ray node each hosted replica actor runs on."""
+        with self._lock:
+            items = list(self.replicas.items())
+        nodes = ray.get([h.node_id.remote() for _, h in items], timeout=60)
+        return {f"{t}-{p}": n for ((t, p), _), n in zip(items, nodes)}
+
     def shutdown(self) -> None:
         """A clean stop: controller role handed over, logs closed, registration removed."""
         if getattr(self, "_stopping", None) is not None:

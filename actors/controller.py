@@ -84,6 +84,7 @@ class ControllerLogic:
         self._send = send or self._ray_send
         self._sent: dict[tuple[int, str, int], tuple] = {}    # (broker, t, p) -> state sent
         self._broker_epochs_sent: dict[int, int] = {}          # broker -> czxid seen
+        self._seen_broker_epochs: dict[int, int] = {}          # broker -> czxid at last elect
         self._last_metadata: dict | None = None
         self._metadata_sent_to: dict[int, int] = {}            # broker -> czxid
         self.wake = threading.Event()
@@ -94,6 +95,7 @@ class ControllerLogic:
         self.epoch_zk_version = epoch_zk_version
         self._sent.clear()
         self._broker_epochs_sent.clear()
+        self._seen_broker_epochs = {}
         self._metadata_sent_to.clear()
         self._last_metadata = None
 
@@ -133,11 +135,24 @@ class ControllerLogic:
     # -- 2 + 3. decide and persist ------------------------------------------------------------
     def elect(self, obs: _Observed, preferred: set[tuple[str, int]] | None = None) -> None:
         live = set(obs.brokers)
+        # A broker registered under a new session since the last tick restarted (or its
+        # session expired) faster than we saw it leave: as Kafka does, its partitions get a
+        # new leader epoch, so nothing keeps talking to the previous incarnation.
+        restarted = {b for b, czxid in obs.brokers.items()
+                     if self._seen_broker_epochs.get(b, czxid) != czxid}
+        settled = True
         for topic, parts in obs.topics.items():
             if topic in obs.deleting:
                 continue
             for p, part in parts.items():
                 new = self._decide(part, live, (topic, p) in (preferred or ()))
+                st = part.state
+                if st is not None and st.leader in restarted:
+                    base = new or st
+                    if (base.leader, base.leader_epoch) == (st.leader, st.leader_epoch):
+                        new = L.PartitionState(leader=st.leader,
+                                               leader_epoch=st.leader_epoch + 1,
+                                               isr=base.isr, controller_epoch=self.epoch)
                 if new is None:
                     continue
                 if part.state is None:
@@ -145,6 +160,7 @@ class ControllerLogic:
                         part.zk_version = self.store.create_partition_state(topic, p, new)
                     except NodeAlreadyExistsError:
                         self.wake.set()  # someone wrote it meanwhile: re-read next tick
+                        settled = False
                         continue
                 else:
                     try:
@@ -153,10 +169,13 @@ class ControllerLogic:
                             controller_epoch_zk_version=self.epoch_zk_version)
                     except VersionConflictError:
                         self.wake.set()
+                        settled = False
                         continue
                 part.state = new
                 log.info("controller %d: %s-%d leader %d epoch %d isr %s", self.broker_id,
                          topic, p, new.leader, new.leader_epoch, list(new.isr))
+        if settled:
+            self._seen_broker_epochs = dict(obs.brokers)
 
     def _decide(self, part: _Partition, live: set[int], preferred: bool) -> L.PartitionState | None:
         state = part.state

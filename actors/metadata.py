@@ -74,8 +74,14 @@ class Metadata:
         return snap if self._fetched_at else self.refresh()
 
     def invalidate(self, topic: str | None = None) -> None:
+        """Re-read the metadata on next use, and look the leader replicas of ``topic`` (all
+        topics when None) up again by name: a broker that restarted before the controller
+        noticed serves the same (leader, epoch) from new replica actors."""
         with self._lock:
             self._fetched_at = 0.0
+            for key in list(self._handles):       # list(): atomic against inserts
+                if topic is None or key[0] == topic:
+                    self._handles.pop(key, None)
 
     # -- the interface clients use -----------------------------------------------------------
     def topics(self) -> dict:

@@ -128,6 +128,11 @@ class PartitionReplica:
     def ready(self) -> bool:
         return True
 
+    def node_id(self) -> str:
+        """The Ray node this replica (and its log) is on."""
+        import ray
+        return ray.get_runtime_context().get_node_id()
+
     # -- role changes (from the broker, on the controller's LeaderAndIsr) ------------------
     def become_leader(self, leader_epoch: int, isr: list[int], replicas: list[int]) -> dict:
         self._check_epoch(leader_epoch)

@@ -113,12 +113,13 @@ def test_killing_the_controller_actor_alone_moves_the_role_and_restarts_the_cand
 
 def test_an_expired_session_makes_the_broker_register_again(cluster):
     """Expire a broker's ZooKeeper session: its /brokers/ids node comes back under a new
-    session and the broker keeps serving."""
+    session, its partitions get a new leader epoch, and the broker keeps serving."""
     zk = zk_client(cluster)
     try:
         cluster.admin().create_topic("exp", partitions=3)
         p = [r["partition"] for r in cluster.admin().describe_topic("exp") if r["leader"] == 1][0]
         broker = cluster.broker(1)
+        epoch_before = cluster.metadata.refresh()["topics"]["exp"][p]["leader_epoch"]
         sid = ray.get(broker.session_id.remote())
         password = ray.get(broker.session_password.remote())
         before = zk.exists("/brokers/ids/1")
@@ -135,6 +136,9 @@ def test_an_expired_session_makes_the_broker_register_again(cluster):
         # the controller saw broker 1 leave and come back: its partition returns to it
         wait_until(lambda: cluster.metadata.refresh()["topics"]["exp"][p]["leader"] == 1,
                    what="partition led by broker 1 again")
+        # seen leaving or not, the new session means a new leader epoch (as in Kafka)
+        wait_until(lambda: cluster.metadata.refresh()["topics"]["exp"][p]["leader_epoch"] >
+                   epoch_before, what="a new leader epoch for the re-registered broker")
         assert wait_until(lambda: _produce(cluster, "exp", p, 10, b"after"),
                           what="produce after re-registration") == list(range(10))
     finally:
