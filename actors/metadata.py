@@ -110,6 +110,7 @@ class Metadata:
         state = self.partition_state(topic, partition)
         leader, epoch = state["leader"], state["leader_epoch"]
         if leader < 0:
+            self.invalidate(topic)   # "no leader" is transient: ask the brokers next time
             raise LeaderNotAvailableError(f"{topic}-{partition} has no live leader")
         key = (topic, partition, leader, epoch)
         handle = self._handles.get(key)

@@ -133,12 +133,12 @@ def test_an_expired_session_makes_the_broker_register_again(cluster):
                    st.ephemeralOwner != sid, timeout_s=30, what="re-registration")
         wait_until(lambda: ray.get(broker.registered.remote()), what="registered flag")
         assert ray.get(broker.session_id.remote()) != sid
-        # the controller saw broker 1 leave and come back: its partition returns to it
-        wait_until(lambda: cluster.metadata.refresh()["topics"]["exp"][p]["leader"] == 1,
-                   what="partition led by broker 1 again")
-        # seen leaving or not, the new session means a new leader epoch (as in Kafka)
-        wait_until(lambda: cluster.metadata.refresh()["topics"]["exp"][p]["leader_epoch"] >
-                   epoch_before, what="a new leader epoch for the re-registered broker")
+        # seen leaving or not, the new session means broker 1 leads again under a new
+        # leader epoch (as in Kafka); both read from one snapshot
+        def led_again_with_a_new_epoch():
+            state = cluster.metadata.refresh()["topics"]["exp"][p]
+            return state["leader"] == 1 and state["leader_epoch"] > epoch_before
+        wait_until(led_again_with_a_new_epoch, what="broker 1 leading with a new epoch")
         assert wait_until(lambda: _produce(cluster, "exp", p, 10, b"after"),
                           what="produce after re-registration") == list(range(10))
     finally:

@@ -113,3 +113,23 @@ def test_cluster_yaml_is_a_ray_up_config_that_installs_raykafka_and_zookeeper():
     assert any("zookeeper" in c for c in conf["head_setup_commands"])
     assert any("ray start --head" in c for c in conf["head_start_ray_commands"])
     assert any("ray start --address" in c for c in conf["worker_start_ray_commands"])
+
+
+def test_metadata_forgets_a_cached_no_leader_answer_and_dropped_handles():
+    """Metadata.leader raising LeaderNotAvailableError marks the snapshot stale, so the next
+    call asks the brokers again; invalidate(topic) drops that topic's cached handles only."""
+    import time
+
+    from actors.errors import LeaderNotAvailableError
+    from actors.metadata import Metadata
+    md = Metadata("unit", [0])
+    md._snapshot = {"topics": {"t": {0: {"leader": -1, "leader_epoch": 3}}}, "brokers": {}}
+    md._fetched_at = time.monotonic()
+    with pytest.raises(LeaderNotAvailableError):
+        md.leader("t", 0)
+    assert md._fetched_at == 0.0, "the next use refreshes"
+    md._handles = {("t", 0, 1, 3): "old", ("u", 0, 1, 3): "other"}
+    md.invalidate("t")
+    assert md._handles == {("u", 0, 1, 3): "other"}
+    md.invalidate()
+    assert md._handles == {}
