@@ -29,6 +29,7 @@ from coordination.registry import BrokerRegistration
 from coordination.session import ZkSettings, connect
 from coordination.store import ZkStore
 from storage import LogConfig
+from storage.checkpoint import write_atomic
 
 from . import raycompat
 from .controller import Controller
@@ -104,13 +105,8 @@ def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> N
             raise InconsistentClusterIdError(
                 f"{broker_dir} belongs to broker {props.get('broker.id')!r}, not {broker_id}")
         return
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"#raykafka broker metadata\nversion=0\nbroker.id={broker_id}\n"
-                f"cluster.id={cluster_id}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, f"#raykafka broker metadata\nversion=0\nbroker.id={broker_id}\n"
+                       f"cluster.id={cluster_id}\n")
 
 
 def _zk_errors(method):
@@ -210,21 +206,20 @@ class Broker:
         """Directories of topics deleted while this broker was down go now: those of topics
         that no longer exist, and those whose partition.metadata names an earlier
         incarnation of a topic that was deleted and created again meanwhile."""
+        dirs = [(name, m.group(1)) for name in os.listdir(self.data_dir)
+                if (m := re.match(r"^(.+)-(\d+)$", name))]
         try:
-            current = {}
-            for topic in self.store.topics():
+            existing = set(self.store.topics())
+            current = {}                     # topic id of each topic that has a dir here
+            for topic in {t for _, t in dirs} & existing:
                 try:
                     current[topic] = self.store.get_topic(topic)[2]
                 except NodeMissingError:
-                    pass
+                    pass                     # deleted meanwhile: its dirs are stale
         except CoordinationError:
             return
-        for name in os.listdir(self.data_dir):
-            m = re.match(r"^(.+)-(\d+)$", name)
-            if not m:
-                continue
+        for name, topic in dirs:
             path = os.path.join(self.data_dir, name)
-            topic = m.group(1)
             if topic not in current:
                 stale = True
             else:

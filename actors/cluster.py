@@ -4,8 +4,8 @@
 ZooKeeper unless ``zk`` names one, and creates the Broker actors (each with
 ``<data_dir>/broker-<id>``, each pinned to a node chosen by ``actors.nodes``: on one machine
 all on it, on a multi-node Ray one per worker, a broker whose data a node holds back on that
-node); it returns when a controller is active and every broker is registered. A small named ``ClusterInfo`` actor records what a later
-``Cluster.connect(namespace)`` needs (from any driver, task or actor on the Ray cluster).
+node); it returns when a controller is active and every broker is registered. A small named
+``ClusterInfo`` actor records what a later ``Cluster.connect(namespace)`` needs (from any driver, task or actor on the Ray cluster).
 
 Namespaces keep clusters apart: Ray actor names live in the Ray namespace ``namespace``, the
 ZooKeeper tree under the chroot ``/raykafka-<namespace>``, data under its own ``data_dir``.
@@ -20,9 +20,9 @@ import tempfile
 import time
 
 from . import raycompat
-from .nodes import place_brokers
 from .errors import (ClusterNotFoundError, InvalidConfigurationError, KafkaError,
                      KafkaTimeoutError)
+from .nodes import place_brokers
 
 ray = raycompat.ray
 

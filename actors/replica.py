@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from storage import Log, LogConfig
-from storage.checkpoint import fsync_dir
+from storage.checkpoint import write_atomic
 
 from .errors import (FencedLeaderEpochError, IllegalArgumentError, KafkaError,
                      NotEnoughReplicasError, NotLeaderForPartitionError,
@@ -90,13 +90,8 @@ def claim_partition_dir(path: str, topic_id: str) -> bool:
         removed = True
     if found != topic_id:
         os.makedirs(path, exist_ok=True)
-        tmp = os.path.join(path, PARTITION_METADATA + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(f"version: 0\ntopic_id: {topic_id}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(path, PARTITION_METADATA))
-        fsync_dir(path)
+        write_atomic(os.path.join(path, PARTITION_METADATA),
+                     f"version: 0\ntopic_id: {topic_id}\n")
     return removed
 
 

@@ -18,9 +18,15 @@ VERSION = 0
 
 
 def write_offset(path: str, offset: int) -> None:
+    write_atomic(path, f"{VERSION}\n{offset}\n")
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a crash leaves the old or the new content:
+    ``<path>.tmp`` written and fsynced, renamed over ``path``, the directory fsynced."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.write(f"{VERSION}\n{offset}\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
