@@ -9,10 +9,10 @@ from . import _rayenv  # noqa: F401  (before anything imports Ray)
 
 _EXPORTS = {
     "Cluster": ("actors.cluster", "Cluster"),
-    "Admin": ("actors.admin", "Admin"),
-    "Producer": ("actors.producer", "Producer"),
-    "Consumer": ("actors.consumer", "Consumer"),
-    "SimpleConsumer": ("actors.simple_consumer", "SimpleConsumer"),
+    "Admin": ("actors.client.admin", "Admin"),
+    "Producer": ("actors.client.producer", "Producer"),
+    "Consumer": ("actors.client.consumer", "Consumer"),
+    "SimpleConsumer": ("actors.client.simple_consumer", "SimpleConsumer"),
     "Record": ("actors.types", "Record"),
     "RecordMetadata": ("actors.types", "RecordMetadata"),
 }

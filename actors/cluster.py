@@ -2,7 +2,7 @@
 
 ``Cluster.start`` (the embedded default) starts or reuses a local Ray, starts an embedded
 ZooKeeper unless ``zk`` names one, and creates the Broker actors (each with
-``<data_dir>/broker-<id>``, each pinned to a node chosen by ``actors.nodes``: on one machine
+``<data_dir>/broker-<id>``, each pinned to a node chosen by ``actors.server.nodes``: on one machine
 all on it, on a multi-node Ray one per worker, a broker whose data a node holds back on that
 node); it returns when a controller is active and every broker is registered. A small named
 ``ClusterInfo`` actor records what a later ``Cluster.connect(namespace)`` needs (from any driver, task or actor on the Ray cluster).
@@ -22,12 +22,13 @@ import time
 from . import raycompat
 from .errors import (ClusterNotFoundError, InvalidConfigurationError, KafkaError,
                      KafkaTimeoutError)
-from .nodes import place_brokers
+from .protocol import CLUSTER_INFO_ACTOR, broker_actor_name
+from .server.nodes import place_brokers
 
 ray = raycompat.ray
 
 START_TIMEOUT_S = 120.0
-INFO_ACTOR = "cluster-info"
+INFO_ACTOR = CLUSTER_INFO_ACTOR
 
 DEFAULT_BROKER_CONFIG = {
     "default.replication.factor": "1",
@@ -170,10 +171,10 @@ class Cluster:
         return self._info.get("broker_nodes", {}).get(str(broker_id))
 
     def _create_broker(self, broker_id: int):
-        from .broker import Broker
+        from .server.broker import Broker
         node = self.broker_node(broker_id)
         handle = ray.remote(Broker).options(
-            name=f"broker-{broker_id}", namespace=self.namespace, num_cpus=0,
+            name=broker_actor_name(broker_id), namespace=self.namespace, num_cpus=0,
             max_concurrency=32,
             scheduling_strategy=raycompat.on_node(node) if node else raycompat.this_node(),
         ).remote(broker_id, self._conf())
@@ -200,7 +201,7 @@ class Cluster:
     @property
     def metadata(self):
         if self._metadata is None:
-            from .metadata import Metadata
+            from .client.metadata import Metadata
             self._metadata = Metadata(self.namespace, self.broker_ids())
         return self._metadata
 
@@ -213,26 +214,26 @@ class Cluster:
         return list(self._info["broker_ids"])
 
     def broker(self, broker_id: int):
-        return ray.get_actor(f"broker-{broker_id}", namespace=self.namespace)
+        return ray.get_actor(broker_actor_name(broker_id), namespace=self.namespace)
 
     def controller_id(self) -> int:
         return self.metadata.refresh().get("controller_id", -1)
 
     # -- clients ---------------------------------------------------------------------------------------
     def admin(self):
-        from .admin import Admin
+        from .client.admin import Admin
         return Admin(self)
 
     def producer(self, **config):
-        from .producer import Producer
+        from .client.producer import Producer
         return Producer(self.metadata, **config)
 
     def simple_consumer(self, **config):
-        from .simple_consumer import SimpleConsumer
+        from .client.simple_consumer import SimpleConsumer
         return SimpleConsumer(self.metadata, **config)
 
     def consumer(self, *topics, **config):
-        from .consumer import Consumer
+        from .client.consumer import Consumer
         return Consumer(self, *topics, **config)
 
     # -- faults and restarts ---------------------------------------------------------------------------
@@ -245,7 +246,7 @@ class Cluster:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                ray.get_actor(f"broker-{broker_id}", namespace=self.namespace)
+                ray.get_actor(broker_actor_name(broker_id), namespace=self.namespace)
             except ValueError:
                 return
             time.sleep(0.05)

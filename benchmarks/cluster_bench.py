@@ -165,7 +165,8 @@ def bench_raykafka(n: int, warmup: int, size: int, brokers: int, partitions: int
                    work: str) -> dict:
     import logging
 
-    from actors import Cluster, perf, raycompat
+    from actors import Cluster, raycompat
+    from actors.tools import perf
     ray = raycompat.ray
     ray.init(address="local", namespace="raykafka-bench", _node_ip_address="127.0.0.1",
              include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,

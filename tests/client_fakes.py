@@ -20,8 +20,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import ray  # noqa: E402
 
 from actors.errors import LeaderNotAvailableError, UnknownTopicOrPartitionError  # noqa: E402
-from actors.metadata import LeaderRef  # noqa: E402
-from actors.replica import PartitionReplica  # noqa: E402
+from actors.client.metadata import LeaderRef  # noqa: E402
+from actors.server.replica import PartitionReplica  # noqa: E402
 
 Replica = ray.remote(PartitionReplica)
 

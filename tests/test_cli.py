@@ -27,8 +27,8 @@ def _env(state_dir: str) -> dict:
 
 
 def run_cli(state_dir: str, *args, stdin: bytes | None = None, timeout: float = 180):
-    """``python -m actors.cli ARGS`` → CompletedProcess (bytes stdout/stderr)."""
-    return subprocess.run([sys.executable, "-m", "actors.cli", *args], input=stdin,
+    """``python -m actors.tools.cli ARGS`` → CompletedProcess (bytes stdout/stderr)."""
+    return subprocess.run([sys.executable, "-m", "actors.tools.cli", *args], input=stdin,
                           capture_output=True, timeout=timeout, env=_env(state_dir), cwd=ROOT)
 
 

@@ -212,7 +212,7 @@ def test_a_data_dir_of_another_cluster_is_refused_with_a_typed_error(cluster, tm
 def test_100k_keyed_records_over_6_partitions_keep_their_order_per_key(cluster):
     """100,000 keyed records sent through cluster.producer() come back through the
     SimpleConsumer exactly once, each key on its murmur2 partition, in send order per key."""
-    from actors.murmur2 import partition_for_key
+    from actors.client.murmur2 import partition_for_key
     admin = cluster.admin()
     admin.create_topic("keyed100k", partitions=6)
     n, keys = 100_000, 997

@@ -207,7 +207,7 @@ def test_a_topic_deleted_while_a_broker_is_down_and_recreated_does_not_reopen_ol
 
 
 def _topic_id_of(path):
-    from actors.replica import read_partition_topic_id
+    from actors.server.replica import read_partition_topic_id
     return read_partition_topic_id(path)
 
 

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from actors.murmur2 import (murmur2, murmur2_many, partition_for_key, partitions_for_keys,
+from actors.client.murmur2 import (murmur2, murmur2_many, partition_for_key, partitions_for_keys,
                             to_positive)
 
 # org.apache.kafka.common.utils.UtilsTest.testMurmur2 (signed Java ints), plus the empty key

@@ -12,9 +12,9 @@ import ray
 from actors.errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
                            InvalidRecordError, KafkaTimeoutError, RecordTooLargeError,
                            UnknownTopicOrPartitionError)
-from actors.murmur2 import partition_for_key
-from actors.producer import Producer
-from actors.simple_consumer import SimpleConsumer
+from actors.client.murmur2 import partition_for_key
+from actors.client.producer import Producer
+from actors.client.simple_consumer import SimpleConsumer
 from actors.types import RecordMetadata
 from client_fakes import FakeMetadata, start_ray, stop_ray, wait_until
 from storage.records import CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, parse_header

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from actors.errors import LeaderNotAvailableError
-from actors.producer import Producer
-from actors.simple_consumer import SimpleConsumer
+from actors.client.producer import Producer
+from actors.client.simple_consumer import SimpleConsumer
 from client_fakes import FakeMetadata, start_ray, stop_ray, wait_until
 
 KEYS = [b"k%d" % i for i in range(12)]

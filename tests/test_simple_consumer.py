@@ -7,8 +7,8 @@ import pytest
 
 from actors.errors import (IllegalArgumentError, OffsetOutOfRangeError,
                            UnknownTopicOrPartitionError)
-from actors.producer import Producer
-from actors.simple_consumer import SimpleConsumer
+from actors.client.producer import Producer
+from actors.client.simple_consumer import SimpleConsumer
 from actors.types import Record
 from client_fakes import FakeMetadata, start_ray, stop_ray
 

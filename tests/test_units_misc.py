@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from actors import perf
-from actors.broker import Broker
+from actors.tools import perf
+from actors.server.broker import Broker
 from actors.errors import ZooKeeperUnavailableError
 from coordination.errors import ZkUnavailableError
 
@@ -52,7 +52,7 @@ def test_a_partition_dir_of_an_earlier_topic_incarnation_is_removed_before_use(t
     """claim_partition_dir keeps data of the same topic id, claims a directory without
     partition.metadata, and removes one that names another topic id (a topic deleted while
     the broker was down and created again)."""
-    from actors.replica import claim_partition_dir, read_partition_topic_id
+    from actors.server.replica import claim_partition_dir, read_partition_topic_id
     path = tmp_path / "t-0"
     path.mkdir()
     (path / "00000000000000000000.log").write_bytes(b"old")
@@ -70,7 +70,7 @@ def test_a_partition_dir_of_an_earlier_topic_incarnation_is_removed_before_use(t
 def test_brokers_go_back_to_the_node_holding_their_data_and_spread_over_the_rest():
     """choose_broker_nodes: data held by one node pins its broker there; data seen from
     several nodes (shared disk) pins nothing; the others go to the least-loaded node."""
-    from actors.nodes import choose_broker_nodes
+    from actors.server.nodes import choose_broker_nodes
     nodes = ["n1", "n2", "n3"]
     assert choose_broker_nodes([0, 1, 2], nodes, {}) == {0: "n1", 1: "n2", 2: "n3"}
     assert choose_broker_nodes([0, 1, 2], nodes, {2: ["n1"], 0: ["n3"]}) == \
@@ -85,7 +85,7 @@ def test_brokers_go_back_to_the_node_holding_their_data_and_spread_over_the_rest
 def test_meta_properties_is_written_once_and_refuses_another_cluster_or_broker(tmp_path):
     """check_meta_properties writes broker.id and cluster.id on a first start, accepts the
     same pair later, and raises InconsistentClusterIdError for another cluster or broker."""
-    from actors.broker import check_meta_properties
+    from actors.server.broker import check_meta_properties
     from actors.errors import InconsistentClusterIdError
     check_meta_properties(str(tmp_path), 2, "clusterAAAAAAAAAAAAAAA")
     text = (tmp_path / "meta.properties").read_text()
@@ -121,7 +121,7 @@ def test_metadata_forgets_a_cached_no_leader_answer_and_dropped_handles():
     import time
 
     from actors.errors import LeaderNotAvailableError
-    from actors.metadata import Metadata
+    from actors.client.metadata import Metadata
     md = Metadata("unit", [0])
     md._snapshot = {"topics": {"t": {0: {"leader": -1, "leader_epoch": 3}}}, "brokers": {}}
     md._fetched_at = time.monotonic()

@@ -41,6 +41,8 @@ from coordination.errors import (ControllerMovedError, CoordinationError, NodeAl
 from coordination.session import ZkSettings, connect
 from coordination.store import ZkStore
 
+from ..protocol import broker_actor_name
+
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
@@ -64,10 +66,6 @@ class _Observed:
     configs: dict[str, dict] = field(default_factory=dict)
     deleting: list[str] = field(default_factory=list)
     topic_ids: dict[str, str] = field(default_factory=dict)
-
-
-def broker_actor_name(broker_id: int) -> str:
-    return f"broker-{broker_id}"
 
 
 class ControllerLogic:

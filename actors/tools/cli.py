@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _repo_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _err(text: str) -> None:
@@ -55,8 +55,9 @@ def connect(namespace: str):
     """
     import logging
 
-    from . import daemon, raycompat
-    from .cluster import Cluster
+    from .. import raycompat
+    from . import daemon
+    from ..cluster import Cluster
     ray = raycompat.ray
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
@@ -71,8 +72,8 @@ def _start_embedded(brokers: int = 3):
     """An in-process cluster (``--embedded``), quiet, with its own temporary data dir."""
     import logging
 
-    from . import raycompat
-    from .cluster import Cluster
+    from .. import raycompat
+    from ..cluster import Cluster
     ray = raycompat.ray
     if not ray.is_initialized():
         ray.init(address="local", namespace="raykafka-embedded", _node_ip_address="127.0.0.1",
@@ -112,7 +113,7 @@ def cmd_start(args) -> int:
           f"{' (attached)' if state.get('attached_ray') else ' (private, local)'}")
     print(f"  data dir    {state['data_dir']}")
     print(f"  daemon      pid {state['pid']}, log {state['log_file']}")
-    from . import raycompat
+    from .. import raycompat
     print(f"  state file  {raycompat.state_path(args.namespace)}")
     return 0
 
@@ -189,7 +190,7 @@ def _parse_config(items) -> dict:
 
 
 def _check_topic_name(name: str) -> None:
-    from .broker import validate_topic_name
+    from ..protocol import validate_topic_name
     validate_topic_name(name)
 
 
@@ -604,7 +605,7 @@ def _namespace(text: str) -> str:
 def _one_line(exc: BaseException) -> str:
     """The typed error behind a Ray wrapper, as ``Name: first line of the message``."""
     try:
-        from .producer import unwrap
+        from ..protocol import unwrap
         exc = unwrap(exc)
     except ImportError:
         pass

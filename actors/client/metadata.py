@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import ray
 
-from .errors import (LeaderNotAvailableError, NoBrokersAvailable, UnknownTopicOrPartitionError)
+from ..protocol import broker_actor_name, replica_actor_name
+from ..errors import (LeaderNotAvailableError, NoBrokersAvailable, UnknownTopicOrPartitionError)
 
 METADATA_CALL_TIMEOUT_S = 10.0
 
@@ -27,7 +28,7 @@ class LeaderRef(NamedTuple):
 
 
 def broker_handle(namespace: str, broker_id: int):
-    return ray.get_actor(f"broker-{broker_id}", namespace=namespace)
+    return ray.get_actor(broker_actor_name(broker_id), namespace=namespace)
 
 
 class Metadata:
@@ -115,7 +116,6 @@ class Metadata:
         key = (topic, partition, leader, epoch)
         handle = self._handles.get(key)
         if handle is None:
-            from .broker import replica_actor_name
             try:
                 handle = ray.get_actor(replica_actor_name(topic, partition, leader),
                                        namespace=self.namespace)
@@ -130,7 +130,7 @@ class Metadata:
     def wait_for_leaders(self, topic: str, *, timeout_s: float, exists: bool = True) -> None:
         """Block until every partition of ``topic`` has a live leader replica (or, with
         ``exists=False``, until the topic is gone)."""
-        from .errors import KafkaTimeoutError
+        from ..errors import KafkaTimeoutError
         deadline = time.monotonic() + timeout_s
         while True:
             snap = self.refresh()

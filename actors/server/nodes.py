@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from . import raycompat
+from .. import raycompat
 
 ray = raycompat.ray
 

@@ -31,9 +31,11 @@ from coordination.store import ZkStore
 from storage import LogConfig
 from storage.checkpoint import write_atomic
 
-from . import raycompat
+from .. import raycompat
+from ..protocol import (broker_actor_name, controller_actor_name, replica_actor_name,
+                        validate_topic_name)
 from .controller import Controller
-from .errors import (BrokerIdInUseError, InconsistentClusterIdError, InvalidPartitionsError,
+from ..errors import (BrokerIdInUseError, InconsistentClusterIdError, InvalidPartitionsError,
                      InvalidReplicationFactorError, InvalidTopicError, KafkaTimeoutError,
                      StaleControllerEpochError, TopicAlreadyExistsError,
                      UnknownTopicOrPartitionError, ZooKeeperUnavailableError)
@@ -41,8 +43,6 @@ from .replica import PartitionReplica, partition_dir, read_partition_topic_id
 
 log = logging.getLogger(__name__)
 
-_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
-MAX_TOPIC_LENGTH = 249
 # Broker-level settings that are not topic (log) settings.
 _BROKER_ONLY = {"default.replication.factor", "num.partitions", "min.insync.replicas",
                 "replica.lag.time.max.ms", "unclean.leader.election.enable",
@@ -54,23 +54,6 @@ _LOG_PREFIXED = {"log.segment.bytes": "segment.bytes", "log.retention.ms": "rete
                  "log.flush.interval.messages": "flush.messages",
                  "log.flush.interval.ms": "flush.ms", "log.roll.ms": "segment.ms",
                  "message.max.bytes": "max.message.bytes"}
-
-
-def validate_topic_name(name) -> None:
-    """Kafka's rule: [a-zA-Z0-9._-], 1..249 characters, not '.' or '..'."""
-    if not isinstance(name, str):
-        raise InvalidTopicError(f"topic name must be a string, got {type(name).__name__}")
-    if name in ("", ".", ".."):
-        raise InvalidTopicError(f"topic name {name!r} is not allowed")
-    if len(name) > MAX_TOPIC_LENGTH:
-        raise InvalidTopicError(f"topic name is {len(name)} characters, the limit is "
-                                f"{MAX_TOPIC_LENGTH}")
-    if not _TOPIC_RE.match(name):
-        raise InvalidTopicError(f"topic name {name!r} has characters outside [a-zA-Z0-9._-]")
-
-
-def replica_actor_name(topic: str, partition: int, broker_id: int) -> str:
-    return f"replica-{topic}-{partition}-b{broker_id}"
 
 
 def topic_log_defaults(broker_config: dict) -> dict:
@@ -178,7 +161,7 @@ class Broker:
             host = socket.gethostbyname(socket.gethostname())
         info = L.BrokerInfo(broker_id=self.broker_id, host=host, port=0,
                             rack=self.config.get("broker.rack"),
-                            endpoints=(f"RAY://{host}/{self.namespace}/broker-{self.broker_id}",))
+                            endpoints=(f"RAY://{host}/{self.namespace}/{broker_actor_name(self.broker_id)}",))
         deadline = time.monotonic() + wait_for_stale_s
         while True:
             self.registration = BrokerRegistration(self.zk, info)
@@ -234,7 +217,7 @@ class Broker:
         while True:
             try:
                 return ray.remote(Controller).options(
-                    name=f"controller-{self.broker_id}", namespace=self.namespace, num_cpus=0,
+                    name=controller_actor_name(self.broker_id), namespace=self.namespace, num_cpus=0,
                     max_concurrency=4, scheduling_strategy=raycompat.this_node(),
                 ).remote(self.broker_id, self.conf)
             except ValueError:  # the dead predecessor's name is not released yet
@@ -509,7 +492,7 @@ class Broker:
             snapshot = self.metadata
             cid = snapshot.get("controller_id", -1)
             if cid >= 0:
-                handle = ray.get_actor(f"controller-{cid}", namespace=self.namespace)
+                handle = ray.get_actor(controller_actor_name(cid), namespace=self.namespace)
                 handle.wake.remote()
         except Exception:  # noqa: BLE001 - the watch wakes it anyway
             pass

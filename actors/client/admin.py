@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 import time
 
-from . import raycompat
-from .broker import validate_topic_name
-from .errors import (KafkaError, KafkaTimeoutError, NoBrokersAvailable,
+from .. import raycompat
+from ..protocol import validate_topic_name
+from ..errors import (KafkaError, KafkaTimeoutError, NoBrokersAvailable,
                      UnknownTopicOrPartitionError)
 
 ray = raycompat.ray
@@ -50,7 +50,7 @@ class Admin:
                      config: dict | None = None) -> None:
         validate_topic_name(name)
         if config is not None and not isinstance(config, dict):
-            from .errors import InvalidConfigurationError
+            from ..errors import InvalidConfigurationError
             raise InvalidConfigurationError(f"config must be a dict, got {type(config).__name__}")
         self._call("create_topic", name, partitions, replication_factor, config)
         self.cluster.metadata.wait_for_leaders(name, timeout_s=self.timeout_s)
@@ -120,7 +120,7 @@ class Admin:
             time.sleep(0.1)
 
     def reassign_partitions(self, plan: dict) -> None:
-        from .errors import IllegalStateError
+        from ..errors import IllegalStateError
         raise IllegalStateError("partition reassignment needs replication, which is not "
                                 "built yet")
 

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from .errors import InvalidConfigurationError, UnknownTopicOrPartitionError
+from ..errors import InvalidConfigurationError, UnknownTopicOrPartitionError
 
 DEFAULT_REQUEST_BYTES = 4 << 20
 PERF_TOPIC_CONFIG = {"max.message.bytes": str(16 << 20), "segment.bytes": str(256 << 20)}

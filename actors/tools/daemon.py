@@ -1,6 +1,6 @@
 """The cluster daemon behind ``raykafka start`` / ``stop`` / ``status``.
 
-``raykafka start`` spawns ``python -m actors.daemon`` as a detached process (its own session,
+``raykafka start`` spawns ``python -m actors.tools.daemon`` as a detached process (its own session,
 no terminal, output to ``<data_dir>/daemon.log``). The daemon starts a private local Ray
 (``raycompat.init_local``) or, with ``--ray-address``, attaches to a running one (a ``ray up``
 cluster; its processes are never ended by us), an embedded ZooKeeper (unless ``--zk``) and
@@ -36,8 +36,8 @@ import time
 
 from coordination.zk_server import pid_alive
 
-from . import raycompat
-from .errors import ClusterNotFoundError, KafkaError, KafkaTimeoutError
+from .. import raycompat
+from ..errors import ClusterNotFoundError, KafkaError, KafkaTimeoutError
 
 START_TIMEOUT_S = 150.0
 STOP_TIMEOUT_S = 60.0
@@ -68,7 +68,7 @@ def _pid_is_daemon(pid: int) -> bool:
     """Guard against PID reuse: the process must be our daemon."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"actors.daemon" in f.read()
+            return b"actors.tools.daemon" in f.read()
     except OSError:
         return False
 
@@ -119,13 +119,13 @@ def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str 
     data_dir = os.path.abspath(data_dir or default_data_dir(namespace))
     os.makedirs(data_dir, exist_ok=True)
     log_file = os.path.join(data_dir, LOG_NAME)
-    cmd = [sys.executable, "-m", "actors.daemon", "--namespace", namespace,
+    cmd = [sys.executable, "-m", "actors.tools.daemon", "--namespace", namespace,
            "--brokers", str(brokers), "--data-dir", data_dir]
     if zk:
         cmd += ["--zk", zk]
     if ray_address:
         cmd += ["--ray-address", ray_address]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -263,7 +263,7 @@ def _ray_pids() -> list[int]:
 
 def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
                ray_address: str | None = None) -> int:
-    from .cluster import Cluster
+    from ..cluster import Cluster
     stop = threading.Event()
     base = {"namespace": namespace, "pid": os.getpid(), "data_dir": data_dir,
             "brokers": brokers, "log_file": os.path.join(data_dir, LOG_NAME),
@@ -310,7 +310,7 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actors.daemon")
+    p = argparse.ArgumentParser(prog="python -m actors.tools.daemon")
     p.add_argument("--namespace", required=True)
     p.add_argument("--brokers", type=int, required=True)
     p.add_argument("--data-dir", required=True)

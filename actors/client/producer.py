@@ -63,11 +63,12 @@ import ray.exceptions
 from storage import records as _records
 from storage.compression import codec_id
 
-from .errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
+from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
                      KafkaError, KafkaStorageError, KafkaTimeoutError, RecordTooLargeError, RequestTimedOutError,
                      UnknownTopicOrPartitionError, UnsupportedCodecError)
 from .murmur2 import murmur2, partitions_for_keys
-from .types import RecordMetadata
+from ..protocol import unwrap
+from ..types import RecordMetadata
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +113,6 @@ def _retriable(exc: BaseException) -> bool:
     if isinstance(exc, KafkaError):
         return bool(exc.retriable)
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
-
-
-def unwrap(exc: BaseException) -> BaseException:
-    """The typed error an actor raised, without Ray's RayTaskError wrapper."""
-    if isinstance(exc, ray.exceptions.RayTaskError):
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, BaseException):
-            return cause
-    return exc
 
 
 def validate_config(given: dict, defaults: dict, what: str) -> dict:

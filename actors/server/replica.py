@@ -22,34 +22,18 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 
 from storage import Log, LogConfig
 from storage.checkpoint import write_atomic
 
-from .errors import (FencedLeaderEpochError, IllegalArgumentError, KafkaError,
+from ..protocol import FetchResult, ProduceResult
+from ..errors import (FencedLeaderEpochError, IllegalArgumentError, KafkaError,
                      NotEnoughReplicasError, NotLeaderForPartitionError,
                      OffsetOutOfRangeError)
 
 log = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL_S = 1.0
-
-
-@dataclass(frozen=True)
-class ProduceResult:
-    base_offset: int
-    last_offset: int
-    log_append_time_ms: int        # -1 for CreateTime topics
-    log_start_offset: int
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    data: bytes                    # whole batches, CRC-checked by the log
-    high_watermark: int
-    log_start_offset: int
-    log_end_offset: int
 
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:

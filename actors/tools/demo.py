@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .errors import KafkaTimeoutError
+from ..errors import KafkaTimeoutError
 
 TOPIC = "demo-events"
 KEYS = 1000
@@ -50,9 +50,9 @@ def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
 
     from tqdm import tqdm
 
-    from . import raycompat
-    from .cluster import Cluster
-    from .murmur2 import partitions_for_keys
+    from .. import raycompat
+    from ..cluster import Cluster
+    from ..client.murmur2 import partitions_for_keys
 
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     ray = raycompat.ray

@@ -59,7 +59,7 @@ def run(*, data_dir: str | None = None, records: int = 300_000, quiet: bool = Fa
     say(f"raykafka storage demo: log at {path}")
     t0 = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-m", "actors.storage_demo", "--child", path, str(records)],
+        [sys.executable, "-m", "actors.tools.storage_demo", "--child", path, str(records)],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     acked = -1
     bar = tqdm(total=records, unit="rec", desc="write (child)", disable=quiet)

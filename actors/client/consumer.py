@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 import time
 
-from . import raycompat
-from .errors import (IllegalStateError, InvalidConfigurationError,
+from .. import raycompat
+from ..errors import (IllegalStateError, InvalidConfigurationError,
                      LeaderNotAvailableError, NotLeaderForPartitionError, OffsetOutOfRangeError,
                      UnknownTopicOrPartitionError)
 
@@ -169,7 +169,7 @@ class Consumer:
     def _fetch_once(self) -> None:
         from storage.records import decode_records
 
-        from .types import Record
+        from ..types import Record
         refs = {}
         for tp in self._assigned:
             try:

@@ -30,10 +30,11 @@ import ray.exceptions
 
 from storage.records import decode_columns, decode_records
 
-from .errors import (IllegalArgumentError, KafkaError, KafkaStorageError, KafkaTimeoutError,
+from ..errors import (IllegalArgumentError, KafkaError, KafkaStorageError, KafkaTimeoutError,
                      UnknownTopicOrPartitionError)
-from .producer import unwrap, validate_config
-from .types import Record
+from ..protocol import unwrap
+from .producer import validate_config
+from ..types import Record
 
 DEFAULT_CONFIG = {
     "retries": 5,
@@ -191,7 +192,7 @@ class SimpleConsumer:
     def _call(self, topic: str, partition: int, method: str, *args):
         """One request to the leader of (topic, partition), retried on a stale leader."""
         if self._closed:
-            from .errors import IllegalStateError
+            from ..errors import IllegalStateError
             raise IllegalStateError("the simple consumer is closed")
         attempt = 0
         while True:
