@@ -5,7 +5,9 @@
 The names are imported lazily, so ``from actors.errors import ...`` stays cheap (no Ray).
 """
 
-from . import _rayenv  # noqa: F401  (before anything imports Ray)
+from . import _rayenv
+
+_rayenv.at_import()  # safe in either import order (see _rayenv)
 
 _EXPORTS = {
     "Cluster": ("actors.cluster", "Cluster"),

@@ -1,24 +1,41 @@
 """The one place that starts or attaches to Ray, with what this environment needs.
 
-- ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray 2.60 bind its servers to loopback when
-  asked for 127.0.0.1 (it must be in the environment before Ray starts its processes).
+Everything Ray needs from us is passed at ``ray.init`` time, never left to the environment
+of the moment Ray was imported, so the import order of ``ray`` and ``actors`` does not matter
+(issue 7; docs/ray-notes.md has the Ray 2.60 source lines behind each step):
+
+- loopback: a Ray we start binds to 127.0.0.1 only. Ray decides that from
+  ``ray_constants.ENABLE_RAY_CLUSTER`` (read from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` at
+  import): when true, ``services.get_node_ip_address`` turns "127.0.0.1" into the machine's
+  address and the GCS and raylet listen on every interface. ``_loopback`` sets both the
+  constant of this driver and the variable its Ray processes inherit.
+- token auth: the driver's mode lives in the C++ ``RayConfig``, read from ``RAY_AUTH_MODE``
+  when ``ray._raylet`` loads. ``_reconcile_auth`` re-reads it (``Config.initialize``, what
+  Ray itself does when it turns token auth on) whenever the variable and the cached mode
+  disagree, and, attaching to an explicit address (where Ray never looks for a token
+  itself), turns token mode on when the cluster is known to use it or a token is available.
 - ``ray.init(address="local")`` always starts a private instance instead of joining whatever
   else runs on the machine.
 - ``Cluster.connect`` attaches to the Ray that ``raykafka start`` left running, whose address
-  is in the state file ``~/.raykafka/<namespace>.json``, or to ``RAY_ADDRESS`` / "auto".
+  (and auth mode) is in the state file ``~/.raykafka/<namespace>.json``, or to
+  ``RAY_ADDRESS`` / "auto".
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import time
 
-from . import _rayenv  # noqa: E402,F401  (the environment Ray must see first)
+from . import _rayenv
 
 import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 STATE_DIR = os.path.expanduser(os.environ.get("RAYKAFKA_STATE_DIR", "~/.raykafka"))
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
 def state_path(namespace: str) -> str:
@@ -33,38 +50,133 @@ def read_state(namespace: str) -> dict | None:
         return None
 
 
-def init_local(namespace: str) -> None:
-    """Use the Ray this process is attached to, or start a private local one."""
+def init_local(namespace: str, *, dashboard: bool = False, **kwargs) -> None:
+    """Use the Ray this process is attached to, or start a private local one on 127.0.0.1.
+
+    ``dashboard=True`` also starts Ray's dashboard (the job server ``ray job submit`` talks
+    to) on 127.0.0.1 at a free port; ``dashboard_url()`` tells where.
+    """
     if ray.is_initialized():
         return
-    ray.init(address="local", namespace=namespace, _node_ip_address="127.0.0.1",
-             include_dashboard=False, log_to_driver=False,
-             object_store_memory=int(os.environ.get("RAYKAFKA_OBJECT_STORE_BYTES", 2 << 30)))
+    _rayenv.for_ray_we_start()
+    _loopback()
+    _reconcile_auth()
+    kwargs.setdefault("log_to_driver", False)
+    kwargs.setdefault("object_store_memory",
+                      int(os.environ.get("RAYKAFKA_OBJECT_STORE_BYTES", 2 << 30)))
+    if dashboard:
+        kwargs.update(include_dashboard=True, dashboard_host="127.0.0.1",
+                      dashboard_port=_free_loopback_port())
+    else:
+        kwargs["include_dashboard"] = False
+    ray.init(address="local", namespace=namespace, _node_ip_address="127.0.0.1", **kwargs)
 
 
 def init_attach(namespace: str) -> None:
     """Attach to a running Ray (the one ``raykafka start`` recorded, else RAY_ADDRESS/auto)."""
     if ray.is_initialized():
         return
-    state = read_state(namespace)
-    address = (state or {}).get("ray_address") or os.environ.get("RAY_ADDRESS") or "auto"
-    attach(address, namespace)
+    state = read_state(namespace) or {}
+    address = state.get("ray_address") or os.environ.get("RAY_ADDRESS") or "auto"
+    attach(address, namespace, auth_mode=state.get("ray_auth_mode"))
 
 
-def attach(address: str, namespace: str, **kwargs) -> None:
+def attach(address: str, namespace: str, *, auth_mode: str | None = None, **kwargs) -> None:
     """``ray.init`` a driver attached to the Ray at ``address``.
 
     A Ray head bound to 127.0.0.1 is only reachable through loopback, but an attaching driver
     announces (and is called back on) the machine's own address unless told otherwise: the
     attach then waits minutes for a GCS "at 192.0.2.x". Loopback heads get a loopback driver.
+    ``auth_mode`` ("token" / "disabled") is the cluster's, when known (the state file has it).
     """
-    if address.split(":")[0] in ("127.0.0.1", "localhost"):
+    if address.split(":")[0] in LOOPBACK_HOSTS:
+        _loopback()
         kwargs.setdefault("_node_ip_address", "127.0.0.1")
+    _reconcile_auth(attaching=address not in ("auto", ""), cluster_mode=auth_mode)
     try:
         ray.init(address=address, namespace=namespace, log_to_driver=False, **kwargs)
     except (ConnectionError, RuntimeError) as exc:
         from .errors import ClusterNotFoundError
         raise ClusterNotFoundError(f"no Ray cluster to attach to at {address!r}: {exc}") from None
+
+
+def auth_mode() -> str:
+    """This process's Ray auth mode as ``RAY_AUTH_MODE`` spells it: "token" or "disabled"."""
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+    return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
+
+
+def dashboard_url() -> str | None:
+    """``http://host:port`` of the dashboard (job server) of the Ray this driver is on."""
+    url = ray._private.worker.get_dashboard_url() if ray.is_initialized() else None
+    if not url:
+        return None
+    return url if "://" in url else f"http://{url}"
+
+
+def wait_job_server(timeout_s: float = 60.0) -> bool:
+    """Wait until this Ray's dashboard can take a ``ray job submit``; False at the deadline.
+
+    The dashboard answers a submission with "500 No available agent" until it has recorded
+    the head node and that node's dashboard agent (which runs the job) has registered its
+    address, each in Ray's internal KV (ray 2.60: dashboard/modules/job/job_head.py,
+    ``_get_head_node_agent_once``); that comes some seconds after ``ray.init`` returns.
+    """
+    from ray._private import ray_constants
+    from ray.dashboard.consts import DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX
+    from ray.experimental.internal_kv import _internal_kv_get
+    deadline = time.monotonic() + timeout_s
+    while True:
+        head = _internal_kv_get(ray_constants.KV_HEAD_NODE_ID_KEY,
+                                namespace=ray_constants.KV_NAMESPACE_JOB)
+        if head and _internal_kv_get(f"{DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX}{head.decode()}",
+                                     namespace=ray_constants.KV_NAMESPACE_DASHBOARD):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+# -- reconciling what Ray read at import ---------------------------------------------------------
+def _loopback() -> None:
+    """This driver and the Ray processes started from it keep 127.0.0.1 as 127.0.0.1.
+
+    ``ray_constants.ENABLE_RAY_CLUSTER`` was computed when Ray was imported; with ``ray``
+    imported before ``actors`` it is True whatever the environment says now. Ray reads it at
+    call time as ``ray_constants.ENABLE_RAY_CLUSTER`` (services.get_node_ip_address), so
+    setting the attribute takes effect; the variable reaches the processes Ray spawns.
+    """
+    _rayenv.loopback()
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _reconcile_auth(*, attaching: bool = False, cluster_mode: str | None = None) -> None:
+    """Make this driver's token-auth mode what the Ray processes (started or attached to) use.
+
+    Starting: with ``RAY_AUTH_MODE`` unset, ``ray.init`` turns token auth on by itself and
+    refreshes its config (worker.py: ``enable_token_auth_by_default``); nothing to do unless
+    the variable was set after Ray read it. Attaching to an explicit address, Ray never
+    turns token mode on by itself (worker.py: only for address None/"auto"), so the driver
+    would send no token: use the cluster's recorded mode, else "token" when a token is
+    available (the rule Ray applies to "auto"). A mode set in the environment is respected.
+    """
+    from ray._raylet import AuthenticationTokenLoader, Config
+    if attaching and AUTH_MODE_ENV not in os.environ:
+        if cluster_mode in ("token", "disabled"):
+            os.environ[AUTH_MODE_ENV] = cluster_mode
+        elif AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+            os.environ[AUTH_MODE_ENV] = "token"
+    wanted = os.environ.get(AUTH_MODE_ENV)
+    if wanted is not None and wanted.lower() != auth_mode():
+        # RayConfig was read before the variable was set (Ray imported first): re-read it,
+        # as ray's own _enable_token_auth does.
+        Config.initialize("")
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def this_node() -> NodeAffinitySchedulingStrategy:

@@ -168,9 +168,7 @@ def bench_raykafka(n: int, warmup: int, size: int, brokers: int, partitions: int
     from actors import Cluster, raycompat
     from actors.tools import perf
     ray = raycompat.ray
-    ray.init(address="local", namespace="raykafka-bench", _node_ip_address="127.0.0.1",
-             include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-             object_store_memory=int(os.environ.get("RAYKAFKA_OBJECT_STORE_BYTES", 2 << 30)))
+    raycompat.init_local("raykafka-bench", logging_level=logging.WARNING)
     t0 = time.perf_counter()
     cluster = Cluster.start(num_brokers=brokers, data_dir=os.path.join(work, "cluster"),
                             namespace=f"bench-{os.getpid()}")

@@ -11,25 +11,21 @@ leader epoch. While no leader is set, ``leader()`` raises LeaderNotAvailableErro
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+from actors import raycompat
+from actors.client.metadata import LeaderRef
+from actors.errors import LeaderNotAvailableError, UnknownTopicOrPartitionError
+from actors.server.replica import PartitionReplica
 
-import ray  # noqa: E402
-
-from actors.errors import LeaderNotAvailableError, UnknownTopicOrPartitionError  # noqa: E402
-from actors.client.metadata import LeaderRef  # noqa: E402
-from actors.server.replica import PartitionReplica  # noqa: E402
+ray = raycompat.ray
 
 Replica = ray.remote(PartitionReplica)
 
 
 def start_ray() -> None:
-    if not ray.is_initialized():
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 num_cpus=4, log_to_driver=False)
+    raycompat.init_local("raykafka-client-tests", num_cpus=4)
 
 
 def stop_ray() -> None:

@@ -12,8 +12,12 @@ The state file ``<RAYKAFKA_STATE_DIR or ~/.raykafka>/<namespace>.json`` (written
 temp file + rename) is what later commands and ``Cluster.connect(namespace)`` read::
 
     {"namespace", "status": "starting" | "ready" | "stopping", "pid", "ray_address",
-     "attached_ray", "data_dir", "zk_hosts", "embedded_zk", "zk_data_dir", "brokers",
-     "log_file", "ray_pids", "started_at"}
+     "ray_auth_mode", "dashboard_url", "attached_ray", "data_dir", "zk_hosts", "embedded_zk",
+     "zk_data_dir", "brokers", "log_file", "ray_pids", "started_at"}
+
+A private Ray (no ``--ray-address``) runs its dashboard on 127.0.0.1 at a free port,
+``dashboard_url``: the job server that ``ray job submit --address <dashboard_url>`` talks to.
+``ray_auth_mode`` is the Ray's token-auth mode, which ``Cluster.connect`` adopts.
 
 Invariants: a state file whose ``pid`` is not alive is stale (``live_state`` removes it);
 ``ray_address`` is only present once ``status`` is "ready".
@@ -277,6 +281,9 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
         if ray_address is not None:
             # a Ray somebody else runs (a `ray up` cluster): attach; never end its processes
             raycompat.attach(ray_address, namespace)
+        else:
+            # our own Ray, with the job server `ray job submit` needs (loopback, free port)
+            raycompat.init_local(namespace, dashboard=True)
         cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, zk=zk,
                                 namespace=namespace)
     except BaseException as exc:
@@ -287,8 +294,12 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
     # so that a stop is a clean shutdown.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stop.set())
+    if ray_address is None and not raycompat.wait_job_server(timeout_s=60):
+        print("raykafka-daemon: warning: Ray's job server (dashboard) is not ready after 60s; "
+              "`ray job submit` may fail", flush=True)
     ray = raycompat.ray
     state = {**base, "status": "ready", "ray_address": ray.get_runtime_context().gcs_address,
+             "ray_auth_mode": raycompat.auth_mode(), "dashboard_url": raycompat.dashboard_url(),
              "zk_hosts": cluster.zk_hosts, "broker_ids": cluster.broker_ids(),
              "ray_pids": [] if ray_address is not None else _ray_pids()}
     write_state(namespace, state)

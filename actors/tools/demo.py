@@ -55,7 +55,6 @@ def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
     from ..client.murmur2 import partitions_for_keys
 
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
-    ray = raycompat.ray
     own_dir = data_dir is None
     root = data_dir or tempfile.mkdtemp(prefix="raykafka-demo-")
     phases: dict[str, float] = {}
@@ -64,9 +63,7 @@ def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
     say(f"raykafka demo: {brokers} brokers, topic {TOPIC!r} with {partitions} partitions, "
         f"{records:,} keyed records of {VALUE_BYTES} B")
     t = time.perf_counter()
-    if not ray.is_initialized():
-        ray.init(address="local", namespace="raykafka-demo", _node_ip_address="127.0.0.1",
-                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    raycompat.init_local("raykafka-demo", logging_level=logging.WARNING)
     cluster = Cluster.start(num_brokers=brokers, data_dir=root, namespace="raykafka-demo")
     phases["start_s"] = time.perf_counter() - t
     say(f"[1/4] cluster up in {phases['start_s']:.1f}s: brokers {cluster.broker_ids()}, "
