@@ -5,10 +5,13 @@ ZooKeeper unless ``zk`` names one, and creates the Broker actors (each with
 ``<data_dir>/broker-<id>``, each pinned to a node chosen by ``actors.server.nodes``: on one machine
 all on it, on a multi-node Ray one per worker, a broker whose data a node holds back on that
 node); it returns when a controller is active and every broker is registered. A small named
-``ClusterInfo`` actor records what a later ``Cluster.connect(namespace)`` needs (from any driver, task or actor on the Ray cluster).
+``ClusterInfo`` actor records what a later ``Cluster.connect(namespace)`` needs (from any
+driver, task or actor on the Ray cluster).
 
 Namespaces keep clusters apart: Ray actor names live in the Ray namespace ``namespace``, the
-ZooKeeper tree under the chroot ``/raykafka-<namespace>``, data under its own ``data_dir``.
+ZooKeeper tree under the chroot ``/raykafka-<namespace>`` (or the one ``zk`` names: Kafka's
+``host:port/chroot``), data under its own ``data_dir``. ``cluster.zk_hosts`` is that full
+connect string, chroot included.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 import shutil
 import tempfile
 import time
+
+from coordination.zk_layout import split_connect, zookeeper_connect
 
 from . import raycompat
 from .errors import (ClusterNotFoundError, InvalidConfigurationError, KafkaError,
@@ -105,6 +110,11 @@ class Cluster:
             raise InvalidConfigurationError(f"namespace must be letters, digits, '-', '_' or "
                                             f"'.', got {namespace!r}")
         broker_config = _validate_config(config)
+        if zk is not None:
+            try:
+                split_connect(zk)
+            except ValueError as exc:
+                raise InvalidConfigurationError(str(exc)) from None
         raycompat.init_local(namespace)
         try:
             ray.get_actor(INFO_ACTOR, namespace=namespace)
@@ -120,7 +130,10 @@ class Cluster:
             from coordination.zk_server import EmbeddedZooKeeper
             zk_server = EmbeddedZooKeeper(os.path.join(data_dir, "zookeeper")).start()
             zk = zk_server.hosts
-        info = {"namespace": namespace, "zk_hosts": zk, "data_dir": data_dir,
+        # Kafka's zookeeper.connect: servers and chroot, what every broker, tool and
+        # KazooClient(hosts=cluster.zk_hosts) uses
+        info = {"namespace": namespace, "zk_hosts": zookeeper_connect(zk, namespace),
+                "data_dir": data_dir,
                 "config": broker_config, "broker_ids": list(range(num_brokers)),
                 "own_data_dir": own_dir, "embedded_zk": zk_server is not None}
         info_actor = ray.remote(ClusterInfo).options(

@@ -33,7 +33,7 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
 from coordination.errors import ZkSessionExpiredError, ZkUnavailableError
-from coordination.zk_layout import chroot_for
+from coordination.zk_layout import chroot_for, split_connect
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,9 @@ MAX_RECURSIVE_DELETE_NODES = 100_000
 
 @dataclass(frozen=True)
 class ZkSettings:
-    """How to reach ZooKeeper. `namespace` None means no chroot (the server's root)."""
+    """How to reach ZooKeeper. ``hosts`` is a connect string, optionally with a chroot
+    ("h:p/chroot", Kafka's ``zookeeper.connect``), which wins; otherwise the chroot is the
+    namespace's; ``namespace`` None and no chroot in ``hosts`` means the server's root."""
     hosts: str
     namespace: str | None = None
     session_timeout_s: float = 10.0
@@ -54,10 +56,22 @@ class ZkSettings:
     reconnect_max_delay_s: float = 0.5
 
     @property
+    def servers(self) -> str:
+        """The host:port list, without a chroot."""
+        return split_connect(self.hosts)[0]
+
+    @property
+    def chroot(self) -> str:
+        """The chroot in ``hosts`` when it has one (Kafka's ``zookeeper.connect`` form), else
+        the namespace's ("/raykafka-<namespace>"), else "" (the server's root)."""
+        chroot = split_connect(self.hosts)[1]
+        if chroot or self.namespace is None:
+            return chroot
+        return chroot_for(self.namespace)
+
+    @property
     def connection_string(self) -> str:
-        if self.namespace is None:
-            return self.hosts
-        return self.hosts + chroot_for(self.namespace)
+        return self.servers + self.chroot
 
 
 def _translate(exc: BaseException, what: str) -> BaseException:
@@ -218,11 +232,11 @@ def _start(kazoo: KazooClient, timeout_s: float, what: str) -> None:
 
 def ensure_chroot(settings: ZkSettings) -> None:
     """Create the namespace's chroot node if missing (idempotent)."""
-    if settings.namespace is None:
+    chroot = settings.chroot
+    if not chroot:
         return
-    chroot = chroot_for(settings.namespace)
-    bootstrap = _kazoo_client(settings.hosts, settings)
-    _start(bootstrap, settings.connect_timeout_s, f"connect {settings.hosts}")
+    bootstrap = _kazoo_client(settings.servers, settings)
+    _start(bootstrap, settings.connect_timeout_s, f"connect {settings.servers}")
     try:
         ZkClient(bootstrap, op_timeout_s=settings.op_timeout_s).ensure_path(chroot)
     finally:

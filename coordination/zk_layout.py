@@ -92,6 +92,35 @@ def chroot_for(namespace: str) -> str:
     return f"/raykafka-{namespace}"
 
 
+def split_connect(connect: str) -> tuple[str, str]:
+    """Kafka's ``zookeeper.connect`` ("h1:p1,h2:p2/chroot") -> ("h1:p1,h2:p2", "/chroot").
+
+    The chroot is "" when the string has none. Raises ValueError for an empty server list
+    or a malformed chroot (ZooKeeper's rule: absolute, no empty, "." or ".." segment, no
+    trailing "/")."""
+    if not isinstance(connect, str) or not connect.strip():
+        raise ValueError(f"a ZooKeeper connect string is 'host:port[,host:port...][/chroot]', "
+                         f"got {connect!r}")
+    servers, slash, rest = connect.strip().partition("/")
+    if not servers:
+        raise ValueError(f"ZooKeeper connect string {connect!r} names no server")
+    if not slash:
+        return servers, ""
+    chroot = "/" + rest
+    segments = rest.split("/")
+    if not rest or any(seg in ("", ".", "..") for seg in segments):
+        raise ValueError(f"ZooKeeper chroot {chroot!r} in {connect!r} is not a valid path")
+    return servers, chroot
+
+
+def zookeeper_connect(zk: str, namespace: str) -> str:
+    """The full connect string a cluster uses, chroot included, as Kafka's
+    ``zookeeper.connect``: ``zk`` as given when it has a chroot, else ``zk`` plus the
+    namespace's chroot ("127.0.0.1:2181" -> "127.0.0.1:2181/raykafka-<namespace>")."""
+    servers, chroot = split_connect(zk)
+    return servers + (chroot or chroot_for(namespace))
+
+
 def _name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not _NODE_NAME_RE.match(value) or value in (".", ".."):
         raise ValueError(f"invalid {kind} for a znode name: {value!r}")

@@ -10,7 +10,6 @@ import uuid
 from kazoo.client import KazooClient
 
 from actors import raycompat
-from coordination.zk_layout import chroot_for
 
 ray = raycompat.ray
 
@@ -33,7 +32,7 @@ def stop_ray() -> None:
 
 def zk_client(cluster) -> KazooClient:
     """A plain kazoo client inside the cluster's chroot: reads what ZooKeeper really holds."""
-    client = KazooClient(hosts=cluster.zk_hosts + chroot_for(cluster.namespace), timeout=10.0)
+    client = KazooClient(hosts=cluster.zk_hosts, timeout=10.0)
     client.start(timeout=15)
     return client
 

@@ -76,6 +76,17 @@ def test_start_writes_a_ready_state_file_and_status_reports_the_brokers(daemon):
     assert "brokers     0, 1 live" in text and "controller  broker" in text
 
 
+def test_status_and_the_state_file_show_the_zookeeper_connect_string_with_its_chroot(daemon):
+    """`status` prints the same zookeeper string as the state file: host:port/chroot, the
+    string a KazooClient needs to see the cluster's znodes."""
+    state_dir, ns = daemon
+    with open(os.path.join(state_dir, f"{ns}.json")) as f:
+        state = json.load(f)
+    assert state["zk_hosts"].endswith(f"/raykafka-{ns}")
+    text = cli(daemon, "status").stdout.decode()
+    assert f"zookeeper   {state['zk_hosts']}" in text
+
+
 def test_a_second_start_in_the_same_namespace_is_refused(daemon):
     """Starting twice in one namespace fails with one line naming the running daemon."""
     assert_one_line_error(cli(daemon, "start"), 1, "already runs")

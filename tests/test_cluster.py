@@ -56,6 +56,51 @@ def test_cluster_id_controller_and_broker_znodes_have_the_seed_schemas(cluster, 
         assert body["timestamp"].isdigit() and body["endpoints"]
 
 
+def test_zk_hosts_is_the_connect_string_with_its_chroot(cluster):
+    """cluster.zk_hosts is Kafka's zookeeper.connect (host:port/chroot): a plain
+    KazooClient(hosts=cluster.zk_hosts) sees the seeds' layout, /brokers/ids included."""
+    from kazoo.client import KazooClient
+    assert cluster.zk_hosts.endswith(f"/raykafka-{cluster.namespace}")
+    client = KazooClient(hosts=cluster.zk_hosts, timeout=10.0)
+    client.start(timeout=15)
+    try:
+        assert sorted(client.get_children("/brokers/ids")) == ["0", "1", "2"]
+        assert client.exists("/controller") is not None
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_a_zk_connect_string_with_its_own_chroot_is_used_as_given(cluster):
+    """Cluster.start(zk="host:port/chroot") keeps that chroot (Kafka's zookeeper.connect),
+    and the cluster's znodes are under it, not under /raykafka-<namespace>."""
+    from kazoo.client import KazooClient
+    servers = cluster.zk_hosts.split("/")[0]
+    ns = unique_namespace("chr")
+    other = Cluster.start(num_brokers=1, namespace=ns, zk=f"{servers}/teams/a-{ns}",
+                          config=FAST_CONFIG)
+    try:
+        assert other.zk_hosts == f"{servers}/teams/a-{ns}"
+        root = KazooClient(hosts=servers, timeout=10.0)
+        root.start(timeout=15)
+        try:
+            assert root.get_children(f"/teams/a-{ns}/brokers/ids") == ["0"]
+            assert root.exists(f"/raykafka-{ns}") is None
+        finally:
+            root.stop()
+            root.close()
+    finally:
+        other.shutdown()
+
+
+def test_a_malformed_zk_connect_string_is_a_typed_error():
+    """A zk string with an empty server list or a bad chroot raises InvalidConfigurationError
+    before anything starts."""
+    for bad in ("", "/only-a-chroot", "127.0.0.1:1/a//b", "127.0.0.1:1/a/", "127.0.0.1:1/./x"):
+        with pytest.raises(InvalidConfigurationError):
+            Cluster.start(num_brokers=1, namespace=unique_namespace("bad"), zk=bad)
+
+
 def test_topic_znodes_have_the_seed_schemas(cluster, zk):
     """A created topic writes its assignment, per-partition state and config as the seeds."""
     admin = cluster.admin()

@@ -12,7 +12,6 @@ from actors import Cluster
 from actors.errors import StaleControllerEpochError
 from cluster_helpers import (FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace,
                              wait_until, zk_client, zk_json)
-from coordination.zk_layout import chroot_for
 from storage.records import build, decode_records
 
 
@@ -124,7 +123,7 @@ def test_an_expired_session_makes_the_broker_register_again(cluster):
         password = ray.get(broker.session_password.remote())
         before = zk.exists("/brokers/ids/1")
         assert before.ephemeralOwner == sid
-        twin = KazooClient(hosts=cluster.zk_hosts + chroot_for(cluster.namespace),
+        twin = KazooClient(hosts=cluster.zk_hosts,
                            client_id=(sid, password), timeout=10.0)
         twin.start(timeout=15)
         twin.stop()  # closing the twin ends the shared session on the server

@@ -244,3 +244,25 @@ def test_retry_respects_its_deadline():
         RetryPolicy(max_attempts=1000, deadline_s=3.0, base_delay_s=10, max_delay_s=10).run(
             down, sleep=sleep, clock=lambda: now[0])
     assert len(slept) <= 3
+
+
+def test_connect_strings_split_into_servers_and_chroot_as_kafka_reads_them():
+    """split_connect/zookeeper_connect read Kafka's zookeeper.connect: a given chroot is kept,
+    a missing one becomes the namespace's, and malformed ones raise ValueError."""
+    assert L.split_connect("h1:1,h2:2") == ("h1:1,h2:2", "")
+    assert L.split_connect("h1:1,h2:2/kafka/prod") == ("h1:1,h2:2", "/kafka/prod")
+    assert L.zookeeper_connect("127.0.0.1:2181", "dev") == "127.0.0.1:2181/raykafka-dev"
+    assert L.zookeeper_connect("127.0.0.1:2181/mine", "dev") == "127.0.0.1:2181/mine"
+    for bad in ("", "  ", "/chroot-only", "h:1/", "h:1/a//b", "h:1/a/..", None):
+        with pytest.raises(ValueError):
+            L.split_connect(bad)
+
+
+def test_zk_settings_take_the_chroot_from_the_connect_string_first():
+    """ZkSettings: a chroot in hosts wins over the namespace's; no chroot and no namespace
+    means the server's root."""
+    from coordination.session import ZkSettings
+    assert ZkSettings("h:1/x", namespace="dev").connection_string == "h:1/x"
+    assert ZkSettings("h:1", namespace="dev").connection_string == "h:1/raykafka-dev"
+    assert ZkSettings("h:1").connection_string == "h:1"
+    assert ZkSettings("h:1/x/y", namespace="dev").servers == "h:1"
