@@ -49,7 +49,10 @@ _LZ4_MAGIC = b"\x04\x22\x4d\x18"
 
 
 def codec_id(compression) -> int:
-    """The codec id of ``compression`` given as an id (0-4) or a name ("gzip"...)."""
+    """The codec id of ``compression`` given as an id (0-4), a name ("gzip"...) or None
+    (no compression, as kafka-python's ``compression_type=None``)."""
+    if compression is None:
+        return CODEC_IDS["none"]
     if isinstance(compression, str):
         try:
             return CODEC_IDS[compression.lower()]

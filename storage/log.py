@@ -37,7 +37,7 @@ from .errors import (CorruptRecordError, InvalidRecordError, KafkaStorageError,
                      OffsetOutOfRangeError, RecordTooLargeError)
 from .cleaner import CleanResult, clean
 from .loader import load, swap_range_path
-from .records import (ATTRIBUTES_POS, MAGIC_POS, BatchHeader, assign_offsets, check_batch_crc,
+from .records import (MAGIC_POS, BatchHeader, assign_offsets, check_batch_crc,
                       iter_headers)
 from .segment import INT32_MAX, BatchInfo, LogSegment
 
@@ -82,6 +82,28 @@ class _View(NamedTuple):
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class AppendResult(tuple):
+    """What ``Log.append`` returns: ``(base_offset, last_offset)`` as a plain 2-tuple, plus
+    ``log_append_time_ms``, the timestamp the log stamped into the batches of a LogAppendTime
+    topic (-1 for CreateTime), so a leader answers the producer with the stored value."""
+
+    def __new__(cls, base_offset: int, last_offset: int, log_append_time_ms: int = -1):
+        self = super().__new__(cls, (base_offset, last_offset))
+        self.log_append_time_ms = log_append_time_ms
+        return self
+
+    def __getnewargs__(self):
+        return (self[0], self[1], self.log_append_time_ms)
+
+    @property
+    def base_offset(self) -> int:
+        return self[0]
+
+    @property
+    def last_offset(self) -> int:
+        return self[1]
 
 
 class Log:
@@ -227,8 +249,9 @@ class Log:
 
     # -- appending ------------------------------------------------------------------------
     def append(self, records, *, assign_offsets: bool = True, leader_epoch: int | None = None,
-               validate_records: bool = False) -> tuple[int, int]:
-        """Append one or more whole batches; returns (base_offset, last_offset) of them.
+               validate_records: bool = False) -> AppendResult:
+        """Append one or more whole batches; returns (base_offset, last_offset) of them, an
+        AppendResult that also carries the LogAppendTime it stamped (-1 for CreateTime).
 
         As a leader (``assign_offsets=True``) the log gives the batches consecutive offsets
         from its end, stamps ``leader_epoch`` when given, and for LogAppendTime topics sets
@@ -253,11 +276,12 @@ class Log:
                        and len(buf) >= OVERLAPPED_CRC_MIN_BYTES)
         headers = list(iter_headers(buf, check_crc=not overlap_crc))
         if validate_records or (assign_offsets and config.compact):
-            keys = records_mod.decode_columns(buf)["key"]
-            if assign_offsets and config.compact and keys.null_count:
+            # every record walked and checked in place: no records or columns are built
+            found = records_mod.validate_records(buf)
+            if assign_offsets and config.compact and found.null_keys:
                 raise InvalidRecordError(
                     f"compacted topic cannot accept a record without a key "
-                    f"({keys.null_count} of {len(keys)} records have none)")
+                    f"({found.null_keys} of {found.records} records have none)")
         with self._lock:
             self._check_open()
             for h in headers:
@@ -278,7 +302,8 @@ class Log:
             self._write(chunks, infos, now, verify)
             self._unflushed_messages += sum(h.records_count for h in headers)
             self._maybe_flush(now)
-            return infos[0].base_offset, infos[-1].last_offset
+            return AppendResult(infos[0].base_offset, infos[-1].last_offset,
+                                now if assign_offsets and config.log_append_time else -1)
 
     def _assign(self, buf, headers: list[BatchHeader], leader_epoch, now, log_append_time):
         mv = memoryview(buf)
@@ -661,6 +686,69 @@ class Log:
         self.delete_old_segments()
         if self.config.compact:
             self.compact()
+
+    def next_maintenance_in_ms(self, *, include_compaction: bool = True) -> int | None:
+        """How long until ``maintain`` has something to do, in ms of the log's clock: 0 when
+        something is due already, None when nothing will fall due however long the log is
+        left alone (only a change can make work: an append or roll, a truncation or deletion,
+        a config change). A caller sleeps this long and is woken early by such changes.
+
+        What time alone makes due: flush.ms after the first unflushed append; the oldest
+        non-active segment passing retention.ms; a segment renamed ``.deleted`` passing
+        file.delete.delay.ms; on compacted topics, non-active segments passing
+        min.compaction.lag.ms. Due at once: segments wholly below the log start,
+        retention.bytes exceeded, a compaction round the cleaner would run now. (segment.ms
+        sets no deadline: rolls happen in ``append``.) ``include_compaction=False`` skips the
+        compaction part, which reads the cleaner checkpoint (for a cheap check after an
+        append: only a roll changes what compaction may do)."""
+        with self._lock:
+            if self._closed:
+                return None
+            now = self._clock()
+            c = self.config
+            v = self._view
+            segs = v.segments
+            due = []
+            if c.flush_ms is not None and self._unflushed_messages:
+                due.append(self._last_flush_ms + c.flush_ms)
+            if self._pending_deletes:
+                due.append(min(t for t, _ in self._pending_deletes))
+            if len(segs) > 1:
+                if segs[1].base_offset <= v.log_start_offset:
+                    due.append(now)
+                if c.delete and c.retention_ms >= 0:
+                    ts = segs[0].max_timestamp
+                    if ts < 0:
+                        try:
+                            ts = int(os.stat(segs[0].log_path).st_mtime * 1000)
+                        except OSError:
+                            ts = now
+                    due.append(ts + c.retention_ms + 1)  # deleted once now - ts > retention
+                if c.delete and c.retention_bytes >= 0 and \
+                        sum(s.size for s in segs) - segs[0].size >= c.retention_bytes:
+                    due.append(now)
+        if include_compaction and c.compact and len(segs) > 1:
+            compaction = self._next_compaction_at(now)
+            if compaction is not None:
+                due.append(compaction)
+        if not due:
+            return None
+        return max(min(due) - now, 0)
+
+    def _next_compaction_at(self, now: int) -> int | None:
+        """When a cleaner round (storage.cleaner.clean) would next do work: now when it
+        would now, the time the next held-back segment passes min.compaction.lag.ms when
+        that may change the answer, else None (nothing until the log changes)."""
+        from .cleaner import _cleanable_segments, dirty_ratio
+        ratio, first_dirty = dirty_ratio(self, now)
+        cleanable = _cleanable_segments(self, now)
+        if any(s.next_offset > first_dirty for s in cleanable) and \
+                ratio >= self.config.min_cleanable_dirty_ratio:
+            return now
+        held_back = self.segments[len(cleanable):-1]
+        if held_back and held_back[0].next_offset > first_dirty:
+            return held_back[0].max_timestamp + self.config.min_compaction_lag_ms
+        return None
 
 
 def _first_record_at_or_after(seg: LogSegment, header: BatchHeader, timestamp_ms: int) -> int:

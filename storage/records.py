@@ -762,8 +762,32 @@ def _first_bad(mask, what: str, starts, batch_of, batches) -> CorruptRecordError
         f"in the record at byte {int(starts[i])} of the decompressed records")
 
 
-def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-            skip_control_batches: bool = False) -> _Decoded:
+class _Scan(NamedTuple):
+    """The record structure of some batches, checked: every field of every record found and
+    inside its record (see ``_scan``). Arrays have one entry per record."""
+
+    data: bytes
+    batches: list  # BatchHeader per batch
+    counts: _np.ndarray  # records per batch
+    batch_of: _np.ndarray  # index into ``batches`` of each record
+    ts_delta: _np.ndarray
+    off_delta: _np.ndarray
+    key_start: _np.ndarray
+    key_len: _np.ndarray  # -1: null
+    value_start: _np.ndarray
+    value_len: _np.ndarray
+    headers_pos: _np.ndarray  # where each record's headers start (after the count)
+    header_count: _np.ndarray
+    ends: _np.ndarray  # end of each record
+
+
+def _scan(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+          skip_control_batches: bool = False) -> _Scan:
+    """Walk every record of the v2 batches in ``buf`` and check its structure: framing and
+    CRC of each batch, records filling their batch exactly, each record's varints bounded,
+    key and value inside the record, a non-negative header count, and the record ending
+    where its length says (checked here for records without headers; ``_check_headers``
+    or ``_parse_headers`` does it for the others). Builds no per-record Python objects."""
     batches, data, region_starts, n_data = _gather(
         buf, max_decompressed_bytes=max_decompressed_bytes,
         skip_control_batches=skip_control_batches)
@@ -801,22 +825,52 @@ def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     header_count, s = decode_at(arr, p, _varint.MAX_VARINT_BYTES, "header count")
     p += s
     check(header_count < 0, "negative header count")
-    with_headers = _np.flatnonzero(header_count)
     check((p != ends) & (header_count == 0), "record length mismatch")
-    headers = None
-    if len(with_headers):
-        headers = [[] for _ in range(n)]
-        for i in with_headers.tolist():
-            headers[i] = _parse_headers(data, int(p[i]), int(ends[i]), int(header_count[i]))
+    return _Scan(data, batches, counts, batch_of, ts_delta, off_delta, key_start, key_len,
+                 value_start, value_len, p, header_count, ends)
 
+
+class RecordsSummary(NamedTuple):
+    """What ``validate_records`` found: how many records, and how many have a null key."""
+
+    records: int
+    null_keys: int
+
+
+def validate_records(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+                     ) -> RecordsSummary:
+    """Check every record of the v2 batches in ``buf`` as ``decode_records`` would (framing,
+    CRC32C, varints, lengths, counts, headers; trailing bytes are corrupt) without building
+    records or columns: what a leader does with a client's produce request. Raises
+    CorruptRecordError (or UnsupportedCodecError / UnsupportedVersionError)."""
+    sc = _scan(buf, max_decompressed_bytes=max_decompressed_bytes)
+    for i in _np.flatnonzero(sc.header_count).tolist():
+        _parse_headers(sc.data, int(sc.headers_pos[i]), int(sc.ends[i]),
+                       int(sc.header_count[i]))
+    return RecordsSummary(len(sc.key_len), int(_np.count_nonzero(sc.key_len < 0)))
+
+
+def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+            skip_control_batches: bool = False) -> _Decoded:
+    sc = _scan(buf, max_decompressed_bytes=max_decompressed_bytes,
+               skip_control_batches=skip_control_batches)
+    batches, batch_of = sc.batches, sc.batch_of
+    headers = None
+    with_headers = _np.flatnonzero(sc.header_count)
+    if len(with_headers):
+        headers = [[] for _ in range(len(batch_of))]
+        for i in with_headers.tolist():
+            headers[i] = _parse_headers(sc.data, int(sc.headers_pos[i]), int(sc.ends[i]),
+                                        int(sc.header_count[i]))
     base_offset = _np.array([h.base_offset for h in batches], _np.int64)
     log_append = _np.array([h.timestamp_type for h in batches], _np.int32)
     base_ts = _np.array([h.base_timestamp for h in batches], _np.int64)
     max_ts = _np.array([h.max_timestamp for h in batches], _np.int64)
     timestamp = _np.where(log_append[batch_of] == 1, max_ts[batch_of],
-                          base_ts[batch_of] + ts_delta)
-    return _Decoded(data, batches, counts, base_offset[batch_of] + off_delta, timestamp,
-                    log_append[batch_of], key_start, key_len, value_start, value_len, headers)
+                          base_ts[batch_of] + sc.ts_delta)
+    return _Decoded(sc.data, batches, sc.counts, base_offset[batch_of] + sc.off_delta,
+                    timestamp, log_append[batch_of], sc.key_start, sc.key_len,
+                    sc.value_start, sc.value_len, headers)
 
 
 def _parse_headers(data: bytes, pos: int, end: int, count: int) -> list:

@@ -24,9 +24,9 @@ import struct
 import time
 from typing import Iterator, NamedTuple
 
-from .errors import CorruptRecordError, OffsetOutOfRangeError
+from .errors import CorruptRecordError
 from .index import IndexCorruptError, OffsetIndex, TimeIndex
-from .records import (BASE_TIMESTAMP_POS, HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC_POS,
+from .records import (HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC_POS,
                       MIN_BATCH_LENGTH, BatchHeader, parse_header)
 
 INT32_MAX = 2**31 - 1

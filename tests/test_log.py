@@ -260,6 +260,26 @@ def test_explicit_roll(tmp_path):
 
 
 # -- timestamps and epochs --------------------------------------------------------------
+def test_append_returns_the_log_append_time_it_stamped(tmp_path):
+    """On a LogAppendTime topic append() returns the very timestamp stored in the batch, even
+    with a clock that moves on every reading; CreateTime appends return -1."""
+    class Ticking(FakeClock):
+        def __call__(self):
+            self.now_ms += 7
+            return self.now_ms
+    clock = Ticking(T0)
+    config = LogConfig(message_timestamp_type="LogAppendTime")
+    with Log.open(str(tmp_path / "lat"), config, clock=clock) as log:
+        for _ in range(3):
+            appended = log.append(make_batch(2, timestamp_ms=5))
+            stored = split_batches(log.read(appended.base_offset))[0].data
+            (h,) = iter_headers(stored)
+            assert appended.log_append_time_ms == h.max_timestamp
+            assert tuple(appended) == (appended.base_offset, appended.last_offset)
+    with Log.open(str(tmp_path / "ct"), LogConfig(), clock=clock) as log:
+        assert log.append(make_batch(2, timestamp_ms=5)).log_append_time_ms == -1
+
+
 def test_log_append_time_sets_max_timestamp_with_valid_crc(tmp_path):
     """On a LogAppendTime topic the stored batch carries the append time as its max
     timestamp and the LogAppendTime bit, and its CRC is valid (checked by kafka-python)."""
@@ -669,3 +689,23 @@ def test_corrupt_index_files_never_misread(tmp_path, damage, clean):
     with Log.open(path, config) as log:
         _assert_every_offset_readable(log, written)
         assert_contiguous(read_all(log), 0, written[-1][1] + 1)
+
+
+def test_a_validated_leader_append_builds_no_columns(tmp_path):
+    """Log.append(validate_records=True), the produce path, checks every record without
+    materialising Arrow columns: pyarrow is never imported (a fresh interpreter)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys\n"
+        "from storage import Log, LogConfig\n"
+        "from storage.records import build\n"
+        f"log = Log.open({str(tmp_path / 'p')!r}, LogConfig(cleanup_policy='compact'))\n"
+        "log.append(build([b'v'] * 100, [b'k%d' % i for i in range(100)]),\n"
+        "           validate_records=True)\n"
+        "log.close()\n"
+        "assert 'pyarrow' not in sys.modules, 'the produce path imported pyarrow'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr

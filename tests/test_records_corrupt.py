@@ -15,7 +15,8 @@ from storage.errors import (CorruptRecordError, InvalidRecordError, UnsupportedC
 from storage.legacy import build_legacy, to_v2, upconvert
 from storage.records import (ATTRIBUTES_POS, CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY,
                              CRC_POS, HEADER, HEADER_SIZE, LOG_OVERHEAD, RECORDS_COUNT_POS,
-                             RecordBatch, build, decode_columns, decode_records)
+                             RecordBatch, build, decode_columns, decode_records,
+                             validate_records)
 from storage.varint import encode_varint as vi
 
 CORRUPT = (CorruptRecordError,)  # UnsupportedCodecError/VersionError are subclasses
@@ -44,7 +45,10 @@ GOOD_BODY = b"\x00" + vi(0) + vi(0) + vi(1) + b"k" + vi(1) + b"v" + vi(0)
 
 
 def _decoders():
-    return (decode_records, decode_columns, lambda b: RecordBatch(b).records())
+    """Every reader of record bytes, the produce path's validate_records included: each
+    defect below must be refused by all of them."""
+    return (decode_records, decode_columns, lambda b: RecordBatch(b).records(),
+            validate_records)
 
 
 def _raises(data, match=None, exc=CorruptRecordError):
@@ -210,7 +214,11 @@ def _check_decoders(data):
     except CORRUPT:
         with pytest.raises(CORRUPT):
             decode_columns(data, max_decompressed_bytes=1 << 20)
+        with pytest.raises(CORRUPT):
+            validate_records(data, max_decompressed_bytes=1 << 20)
         return
+    summary = validate_records(data, max_decompressed_bytes=1 << 20)
+    assert summary == (len(records), sum(r.key is None for r in records))
     cols = decode_columns(data, max_decompressed_bytes=1 << 20)
     assert cols["value"].to_pylist() == [r.value for r in records]
     assert cols["offset"].to_pylist() == [r.offset for r in records]
