@@ -85,7 +85,9 @@ def test_multifetch_reads_partitions_together(md):
 def test_offsets_before(md):
     """offsets_before: -1 is the high watermark, -2 the log start, a time gives segment
     start offsets at or before it, descending, at most max_offsets."""
-    fill(md, "o", partitions=1, n=300, log_config={"segment.bytes": 2000})
+    # the records carry 1970 timestamps (1000 + i): retention.ms=-1 keeps them from being
+    # deleted as expired while the test reads them
+    fill(md, "o", partitions=1, n=300, log_config={"segment.bytes": 2000, "retention.ms": -1})
     consumer = SimpleConsumer(md)
     assert consumer.offsets_before("o", 0, -1) == [300]
     assert consumer.offsets_before("o", 0, -2) == [0]

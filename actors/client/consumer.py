@@ -4,6 +4,14 @@ This is the consumer without a group (``group_id=None``): partitions come from `
 or from ``subscribe`` (every partition of the matching topics, re-read as topics appear).
 Positions start per ``auto_offset_reset``; an out-of-range position is reset the same way.
 Fetches to all assigned partitions run in parallel, one request per partition per poll.
+
+Retries follow ``retry.RetryPolicy``: list_offsets (``position``, ``seek_to_*``) retries in
+the call; a fetch that fails retriably (a stale or dead leader, a timeout) invalidates the
+metadata and puts its partition in backoff, and later fetches of that partition (in this
+poll or the next) retry it. A partition that keeps failing past ``retries`` retries or
+``default_api_timeout_ms`` makes ``poll`` raise the last error, typed; so does any
+non-retriable error (an unknown topic or partition of an ``assign``ed partition included;
+a subscribed topic that disappears is dropped at the next subscription refresh instead).
 Consumer groups (JoinGroup/SyncGroup, commits, the seed's message streams) are built by the
 consumer-group layer; until then a ``group_id`` raises IllegalStateError.
 """
@@ -12,11 +20,14 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from .. import raycompat
-from ..errors import (IllegalStateError, InvalidConfigurationError,
-                     LeaderNotAvailableError, NotLeaderForPartitionError, OffsetOutOfRangeError,
-                     UnknownTopicOrPartitionError)
+from ..errors import (IllegalStateError, InvalidConfigurationError, OffsetOutOfRangeError,
+                      UnknownTopicOrPartitionError)
+from ..protocol import unwrap
+from .config import validate_config
+from .retry import RetryPolicy, final_error
 
 ray = raycompat.ray
 
@@ -35,17 +46,28 @@ DEFAULTS = {
     "fetch_max_bytes": 1 << 20,
     "consumer_timeout_ms": float("inf"),
     "request_timeout_ms": 30000,
+    "retries": 2147483647,            # bounded by default_api_timeout_ms, as Kafka's
+    "retry_backoff_ms": 100,
+    "retry_backoff_max_ms": 1000,
+    "default_api_timeout_ms": 60000,
     "client_id": "raykafka-consumer",
 }
 
 
+@dataclass
+class _Backoff:
+    """A partition whose fetches fail retriably: since when, how often, and when next."""
+
+    started_s: float
+    failed_attempts: int = 0
+    retry_at_s: float = 0.0
+
+
 class Consumer:
     def __init__(self, cluster, *topics, **config):
-        unknown = set(config) - set(DEFAULTS)
-        if unknown:
-            raise InvalidConfigurationError(f"unknown consumer config {sorted(unknown)}; "
-                                            f"known: {sorted(DEFAULTS)}")
-        self.config = {**DEFAULTS, **config}
+        self.config = validate_config(config, DEFAULTS, "consumer")
+        self._retry = RetryPolicy.from_config(self.config,
+                                              deadline_key="default_api_timeout_ms")
         if self.config["auto_offset_reset"] not in ("earliest", "latest"):
             raise InvalidConfigurationError(
                 f"auto_offset_reset must be 'earliest' or 'latest', got "
@@ -60,6 +82,7 @@ class Consumer:
         self._subscription: set[str] = set()
         self._pattern = None
         self._buffer: list = []
+        self._backoffs: dict[tuple[str, int], _Backoff] = {}
         self._closed = False
         if topics:
             self.subscribe(topics)
@@ -98,6 +121,7 @@ class Consumer:
     def _set_assignment(self, tps) -> None:
         self._assigned = list(tps)
         self._positions = {tp: off for tp, off in self._positions.items() if tp in tps}
+        self._backoffs = {tp: b for tp, b in self._backoffs.items() if tp in tps}
         self._buffer = [r for r in self._buffer if (r.topic, r.partition) in self._positions]
 
     def assignment(self) -> set:
@@ -109,9 +133,19 @@ class Consumer:
 
     # -- positions ----------------------------------------------------------------------------
     def _list_offset(self, tp, time_ms: int) -> int:
-        leader = self.metadata.leader(*tp)
-        return ray.get(leader.handle.list_offsets.remote(time_ms, 1),
-                       timeout=self.config["request_timeout_ms"] / 1000)[0]
+        """The partition leader's offset for ``time_ms`` (-1 latest, -2 earliest), retried
+        per the policy."""
+        def attempt(left_s):
+            leader = self.metadata.leader(*tp)
+            return ray.get(leader.handle.list_offsets.remote(time_ms, 1),
+                           timeout=self._attempt_timeout_s(left_s))[0]
+
+        return self._retry.call(attempt, on_retry=lambda _exc: self.metadata.invalidate(tp[0]),
+                                what=f"list_offsets of {tp[0]}-{tp[1]}")
+
+    def _attempt_timeout_s(self, left_s: float | None) -> float:
+        timeout_s = self.config["request_timeout_ms"] / 1000
+        return timeout_s if left_s is None else max(min(timeout_s, left_s), 0.001)
 
     def position(self, tp) -> int:
         tp = tuple(tp)
@@ -167,29 +201,36 @@ class Consumer:
         return out
 
     def _fetch_once(self) -> None:
+        """One fetch from every assigned partition not in backoff, all in flight at once."""
         from storage.records import decode_records
 
         from ..types import Record
         refs = {}
+        now = time.monotonic()
         for tp in self._assigned:
-            try:
-                offset = self.position(tp)
-                leader = self.metadata.leader(*tp)
-            except (LeaderNotAvailableError, UnknownTopicOrPartitionError):
-                self.metadata.invalidate()
+            backoff = self._backoffs.get(tp)
+            if backoff is not None and backoff.retry_at_s > now:
                 continue
-            refs[tp] = (offset, leader.handle.fetch.remote(offset, self.config["fetch_max_bytes"]))
+            offset = self.position(tp)   # list_offsets: retried (or raised) in the call
+            try:
+                leader = self.metadata.leader(*tp)
+                ref = leader.handle.fetch.remote(offset, self.config["fetch_max_bytes"])
+            except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
+                self._failed(tp, exc)
+                continue
+            refs[tp] = (offset, ref)
         kd, vd = self.config["key_deserializer"], self.config["value_deserializer"]
         for tp, (offset, ref) in refs.items():
             try:
                 result = ray.get(ref, timeout=self.config["request_timeout_ms"] / 1000)
-            except OffsetOutOfRangeError:
-                self._positions.pop(tp, None)  # reset per auto_offset_reset next time
+            except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
+                if isinstance(unwrap(exc), OffsetOutOfRangeError):
+                    self._positions.pop(tp, None)  # reset per auto_offset_reset next time
+                    self._backoffs.pop(tp, None)
+                    continue
+                self._failed(tp, exc)
                 continue
-            except (NotLeaderForPartitionError, LeaderNotAvailableError,
-                    ray.exceptions.RayActorError):
-                self.metadata.invalidate()
-                continue
+            self._backoffs.pop(tp, None)
             recs = [r for r in decode_records(result.data) if r.offset >= offset]
             if not recs:
                 continue
@@ -199,6 +240,24 @@ class Consumer:
                     kd(r.key) if kd and r.key is not None else r.key,
                     vd(r.value) if vd and r.value is not None else r.value, r.headers))
             self._positions[tp] = recs[-1].offset + 1
+
+    def _failed(self, tp, exc: BaseException) -> None:
+        """A fetch of ``tp`` failed with ``exc`` (as raised): put the partition in backoff
+        and refresh the metadata, or raise the typed error when the policy gives up."""
+        if (isinstance(exc, UnknownTopicOrPartitionError) and not self._retry.retriable(exc)
+                and (self._subscription or self._pattern is not None)):
+            return   # a subscribed topic went away: the next poll's refresh drops it
+        now = time.monotonic()
+        backoff = self._backoffs.get(tp) or _Backoff(started_s=now)
+        backoff.failed_attempts += 1
+        wait_s = self._retry.next_backoff_s(exc, failed_attempts=backoff.failed_attempts,
+                                            started_s=backoff.started_s)
+        if wait_s is None:
+            self._backoffs.pop(tp, None)
+            raise final_error(exc, f"fetch of {tp[0]}-{tp[1]}") from None
+        backoff.retry_at_s = now + wait_s
+        self._backoffs[tp] = backoff
+        self.metadata.invalidate(tp[0])
 
     def __iter__(self):
         idle_since = time.monotonic()

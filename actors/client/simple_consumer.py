@@ -13,11 +13,14 @@ offset; no group, no committed offsets, no background threads.
   pyarrow Table (offset, timestamp, timestamp_type, key, value, headers): the bulk path.
 
 Errors are typed: OffsetOutOfRangeError (below the log start or past the high watermark),
-UnknownTopicOrPartitionError (after one metadata refresh). A stale leader
-(NotLeaderForPartition, LeaderNotAvailable, the leader actor dead or unreachable) makes it
-invalidate the metadata and retry, ``retries`` times with backoff, then raise the last
-error. Every call has a timeout (``request_timeout_ms``). Thread-safe (no mutable state
-beyond the metadata object, which is thread-safe).
+UnknownTopicOrPartitionError (when the metadata, after re-reading a broker, does not know
+the topic or partition: not retried). Retriable errors (a stale leader: NotLeaderForPartition,
+LeaderNotAvailable, KafkaStorageError, the leader actor dead or unreachable, or not
+answering within ``request_timeout_ms``) make it invalidate the metadata and retry per
+``retry.RetryPolicy``: at most ``retries`` times, with backoff, and never past
+``default_api_timeout_ms`` from the call; then the last error is raised (KafkaTimeoutError
+for a request that did not answer). Each request waits at most ``request_timeout_ms``.
+Thread-safe (no mutable state beyond the metadata object, which is thread-safe).
 """
 
 from __future__ import annotations
@@ -26,21 +29,20 @@ import time
 
 import numpy as np
 import ray
-import ray.exceptions
 
 from storage.records import decode_columns, decode_records
 
-from ..errors import (IllegalArgumentError, KafkaError, KafkaStorageError, KafkaTimeoutError,
-                     UnknownTopicOrPartitionError)
-from ..protocol import unwrap
-from .producer import validate_config
+from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
 from ..types import Record
+from .config import validate_config
+from .retry import RetryPolicy, final_error
 
 DEFAULT_CONFIG = {
     "retries": 5,
     "retry_backoff_ms": 100,
     "retry_backoff_max_ms": 1000,
     "request_timeout_ms": 30000,
+    "default_api_timeout_ms": 60000,
     "key_deserializer": None,
     "value_deserializer": None,
     "client_id": None,
@@ -49,22 +51,14 @@ DEFAULT_CONFIG = {
 DEFAULT_FETCH_MAX_BYTES = 1048576
 
 
-def _retriable(exc: BaseException) -> bool:
-    if isinstance(exc, UnknownTopicOrPartitionError):
-        return False  # the metadata has refreshed once already before saying so
-    if isinstance(exc, KafkaStorageError):
-        return True   # as in Kafka: the replica's log is offline or closing; try again
-    if isinstance(exc, KafkaError):
-        return bool(exc.retriable)
-    return isinstance(exc, ray.exceptions.RayActorError)
-
-
 class SimpleConsumer:
     """``SimpleConsumer(metadata, **config)``; see the module docstring."""
 
     def __init__(self, metadata, **config):
         self.metadata = metadata
         self.config = validate_config(config, DEFAULT_CONFIG, "simple consumer")
+        self._retry = RetryPolicy.from_config(self.config,
+                                              deadline_key="default_api_timeout_ms")
         self._timeout_s = self.config["request_timeout_ms"] / 1000.0
         self._closed = False
 
@@ -140,9 +134,8 @@ class SimpleConsumer:
             try:
                 data = ray.get(ready[0], timeout=self._timeout_s).data
             except Exception as exc:  # noqa: BLE001 - typed below
-                error = unwrap(exc)
-                if not _retriable(error):
-                    raise error from None
+                if not self._retry.retriable(exc):
+                    raise final_error(exc) from None
                 self.metadata.invalidate(topic)
                 data = self._call(topic, p, "fetch", offset, max_bytes).data
             last = None
@@ -185,35 +178,29 @@ class SimpleConsumer:
                           value, r.headers))
         return out
 
-    def _backoff(self, attempt: int) -> float:
-        cfg = self.config
-        return min(cfg["retry_backoff_ms"] * (2 ** attempt), cfg["retry_backoff_max_ms"]) / 1000
-
     def _call(self, topic: str, partition: int, method: str, *args):
-        """One request to the leader of (topic, partition), retried on a stale leader."""
+        """One request to the leader of (topic, partition), retried per the policy."""
         if self._closed:
-            from ..errors import IllegalStateError
             raise IllegalStateError("the simple consumer is closed")
-        attempt = 0
-        while True:
-            try:
-                leader = self.metadata.leader(topic, partition)
-                ref = getattr(leader.handle, method).remote(*args)
-                return ray.get(ref, timeout=self._timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                raise KafkaTimeoutError(f"{method} of {topic}-{partition} did not answer "
-                                        f"within {self._timeout_s}s") from None
-            except Exception as exc:  # noqa: BLE001 - typed below
-                error = unwrap(exc)
-                if not _retriable(error) or attempt >= self.config["retries"]:
-                    raise error from None
-                self.metadata.invalidate(topic)
-                time.sleep(self._backoff(attempt))
-                attempt += 1
+
+        def attempt(left_s):
+            leader = self.metadata.leader(topic, partition)
+            ref = getattr(leader.handle, method).remote(*args)
+            return ray.get(ref, timeout=self._attempt_timeout_s(left_s))
+
+        return self._retry.call(attempt, on_retry=lambda _exc: self.metadata.invalidate(topic),
+                                what=f"{method} of {topic}-{partition}")
+
+    def _attempt_timeout_s(self, left_s: float | None) -> float:
+        """``request_timeout_ms``, or less when the call's deadline is nearer."""
+        if left_s is None:
+            return self._timeout_s
+        return max(min(self._timeout_s, left_s), 0.001)
 
     def _multicall(self, requests) -> list:
         """[((topic, partition, offset, max_bytes), fetched bytes)], the fetches issued
-        together; the ones that fail retriably are redone one by one (with retries)."""
+        together; the ones that fail retriably (a timeout included) are redone one by one
+        through ``_call`` (with its retries)."""
         requests = [tuple(r) for r in requests]
         for r in requests:
             if len(r) != 4:
@@ -225,8 +212,8 @@ class SimpleConsumer:
             try:
                 refs.append(self.metadata.leader(t, p).handle.fetch.remote(o, m))
             except Exception as exc:  # noqa: BLE001 - redone (or raised) by _call below
-                if not _retriable(exc):
-                    raise
+                if not self._retry.retriable(exc):
+                    raise final_error(exc) from None
                 refs.append(None)
         out = []
         deadline = time.monotonic() + self._timeout_s
@@ -235,13 +222,9 @@ class SimpleConsumer:
             if ref is not None:
                 try:
                     data = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001)).data
-                except ray.exceptions.GetTimeoutError:
-                    raise KafkaTimeoutError(f"fetch of {t}-{p} did not answer within "
-                                            f"{self._timeout_s}s") from None
                 except Exception as exc:  # noqa: BLE001 - typed below
-                    error = unwrap(exc)
-                    if not _retriable(error):
-                        raise error from None
+                    if not self._retry.retriable(exc):
+                        raise final_error(exc) from None
                     self.metadata.invalidate(t)
             if data is None:
                 data = self._call(t, p, "fetch", o, m).data
