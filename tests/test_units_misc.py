@@ -5,7 +5,7 @@ import json
 import pytest
 
 from actors.tools import perf
-from actors.server.broker import Broker
+from actors.server.admin_manager import AdminManager
 from actors.errors import ZooKeeperUnavailableError
 from coordination.errors import ZkUnavailableError
 
@@ -20,19 +20,17 @@ class _DownStore:
 
 
 def test_admin_requests_during_a_zookeeper_outage_raise_the_public_typed_error():
-    """Every admin request a broker answers turns coordination's ZkUnavailableError into
-    actors.errors.ZooKeeperUnavailableError (retriable), naming the request."""
-    broker = Broker.__new__(Broker)
-    broker.store = _DownStore()
-    broker.metadata = {}
-    broker.namespace = "unit"
+    """Every admin request a broker answers (its AdminManager) turns coordination's
+    ZkUnavailableError into actors.errors.ZooKeeperUnavailableError (retriable), naming the
+    request."""
+    admin = AdminManager(_DownStore())
     calls = [("create_topic", ("t", 1, 1, None)), ("delete_topic", ("t",)),
              ("list_topics", ()), ("topic_exists", ("t",)), ("topic_config", ("t",)),
              ("alter_topic_config", ("t", {"retention.ms": "1"})),
              ("elect_preferred_leaders", ([("t", 0)],))]
     for name, args in calls:
         with pytest.raises(ZooKeeperUnavailableError, match=name) as info:
-            getattr(broker, name)(*args)
+            getattr(admin, name)(*args)
         assert info.value.retriable
 
 

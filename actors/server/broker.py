@@ -1,11 +1,16 @@
 """The Broker actor: one per broker id, pinned to a node, owning ``<data_dir>/broker-<id>``.
 
 It holds the broker's ZooKeeper session and its ephemeral ``/brokers/ids/<id>``
-registration, creates its Controller candidate and one PartitionReplica actor per hosted
-partition (all owned by the broker, so they die with it, as the threads of a Kafka broker
-process would), applies the controller's LeaderAndIsr / StopReplica / UpdateMetadata
-requests (rejecting any whose controller epoch is older than the newest seen), keeps the
-metadata cache clients read, and answers admin requests by writing ZooKeeper.
+registration, supervises its Controller candidate, keeps the metadata cache clients read,
+and composes two plain parts:
+
+- ``ReplicaManager`` (replica_manager.py): the PartitionReplica actors it hosts (all owned
+  by the broker, so they die with it, as the threads of a Kafka broker process would), and
+  the controller's LeaderAndIsr / StopReplica requests, fenced by controller epoch;
+- ``AdminManager`` (admin_manager.py): admin requests, validated and written to ZooKeeper.
+
+Locking: the broker's ``_lock`` guards only the metadata cache and its stamp; no lock of the
+broker or its parts is held across a call to another actor (``ray.get``).
 """
 
 from __future__ import annotations
@@ -22,47 +27,21 @@ import ray
 
 from coordination import zk_layout as L
 from coordination.errors import BrokerIdInUseError as ZkBrokerIdInUseError
-from coordination.errors import (CoordinationError, NodeAlreadyExistsError, NodeMissingError,
-                                 PlacementError, ZkUnavailableError)
-from coordination.placement import assign_replicas_to_brokers
+from coordination.errors import CoordinationError, NodeMissingError, ZkUnavailableError
 from coordination.registry import BrokerRegistration
 from coordination.session import ZkSettings, connect
 from coordination.store import ZkStore
-from storage import LogConfig
 from storage.checkpoint import write_atomic
 
 from .. import raycompat
-from ..protocol import (broker_actor_name, controller_actor_name, replica_actor_name,
-                        validate_topic_name)
+from ..errors import (BrokerIdInUseError, InconsistentClusterIdError, ZooKeeperUnavailableError)
+from ..protocol import broker_actor_name, controller_actor_name
+from .admin_manager import AdminManager
 from .controller import Controller
-from ..errors import (BrokerIdInUseError, InconsistentClusterIdError, InvalidPartitionsError,
-                     InvalidReplicationFactorError, InvalidTopicError, KafkaTimeoutError,
-                     StaleControllerEpochError, TopicAlreadyExistsError,
-                     UnknownTopicOrPartitionError, ZooKeeperUnavailableError)
-from .replica import PartitionReplica, partition_dir, read_partition_topic_id
+from .replica import read_partition_topic_id
+from .replica_manager import RayReplicaActors, ReplicaManager, topic_log_defaults  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-# Broker-level settings that are not topic (log) settings.
-_BROKER_ONLY = {"default.replication.factor", "num.partitions", "min.insync.replicas",
-                "replica.lag.time.max.ms", "unclean.leader.election.enable",
-                "zookeeper.session.timeout.ms", "offsets.topic.num.partitions",
-                "offsets.topic.replication.factor", "offsets.retention.minutes",
-                "auto.create.topics.enable"}
-_LOG_PREFIXED = {"log.segment.bytes": "segment.bytes", "log.retention.ms": "retention.ms",
-                 "log.retention.bytes": "retention.bytes", "log.cleanup.policy": "cleanup.policy",
-                 "log.flush.interval.messages": "flush.messages",
-                 "log.flush.interval.ms": "flush.ms", "log.roll.ms": "segment.ms",
-                 "message.max.bytes": "max.message.bytes"}
-
-
-def topic_log_defaults(broker_config: dict) -> dict:
-    """The broker's log.* defaults as topic config names."""
-    out = {}
-    for key, value in broker_config.items():
-        if key in _LOG_PREFIXED:
-            out[_LOG_PREFIXED[key]] = value
-    return out
 
 
 def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> None:
@@ -92,21 +71,6 @@ def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> N
                        f"cluster.id={cluster_id}\n")
 
 
-def _zk_errors(method):
-    """Admin requests answer a ZooKeeper outage with the public ZooKeeperUnavailableError
-    (retriable), not coordination's internal error."""
-    import functools
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except ZkUnavailableError as exc:
-            raise ZooKeeperUnavailableError(
-                f"{method.__name__}: ZooKeeper is unavailable: {exc}") from None
-    return wrapper
-
-
 class Broker:
     """One broker (see the module docstring). A threaded actor: requests run concurrently."""
 
@@ -118,17 +82,19 @@ class Broker:
         self.data_dir = os.path.join(conf["data_dir"], f"broker-{broker_id}")
         self.ran_here_before = os.path.isdir(self.data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
-        self._lock = threading.RLock()
-        self.replicas: dict[tuple[str, int], object] = {}
-        self.replica_configs: dict[tuple[str, int], tuple[dict, int]] = {}
-        self.replica_ids: dict[tuple[str, int], str | None] = {}   # the topic id each serves
-        self.max_controller_epoch = 0
+        self.replica_manager = ReplicaManager(
+            broker_id, self.data_dir, self.config,
+            RayReplicaActors(self.namespace, broker_id, self.data_dir))
+        self.admin: AdminManager | None = None          # once ZooKeeper is connected
+        self._lock = threading.Lock()                   # guards metadata and its stamp
         self.metadata: dict = {"topics": {}, "brokers": {}, "controller_id": -1,
                                "controller_epoch": 0}
+        self._metadata_stamp = (0, -1)                  # (controller_epoch, request_id)
         self.zk = None
         self.store = None
         self.registration = None
         self.controller = None
+        self._stopping = threading.Event()
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -154,6 +120,7 @@ class Broker:
         except InconsistentClusterIdError:
             self.zk.close()
             raise
+        self.admin = AdminManager(self.store, wake_controller=self._wake_controller)
         host = "127.0.0.1"
         try:
             host = ray.util.get_node_ip_address()
@@ -177,7 +144,6 @@ class Broker:
                 time.sleep(0.2)
         self._remove_stale_partition_dirs()
         self.controller = self._start_controller()
-        self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise_controller, daemon=True,
                                             name=f"broker-{self.broker_id}-supervisor")
         self._supervisor.start()
@@ -258,27 +224,19 @@ class Broker:
 
     def replica_nodes(self) -> dict[str, str]:
         """``"<topic>-<p>"`` -> the Ray node each hosted replica actor runs on."""
-        with self._lock:
-            items = list(self.replicas.items())
-        nodes = ray.get([h.node_id.remote() for _, h in items], timeout=60)
-        return {f"{t}-{p}": n for ((t, p), _), n in zip(items, nodes)}
+        items = list(self.replica_manager.handles().items())
+        answers = self.replica_manager.actors.node_ids([h for _, h in items])
+        return {f"{t}-{p}": node for ((t, p), _), (ok, node) in zip(items, answers) if ok}
 
     def shutdown(self) -> None:
         """A clean stop: controller role handed over, logs closed, registration removed."""
-        if getattr(self, "_stopping", None) is not None:
-            self._stopping.set()
+        self._stopping.set()
         if self.controller is not None:
             try:
                 ray.get(self.controller.close.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-        with self._lock:
-            for handle in self.replicas.values():
-                try:
-                    ray.get(handle.stop.remote(False), timeout=30)
-                except Exception:  # noqa: BLE001
-                    pass
-            self.replicas.clear()
+        self.replica_manager.shutdown()
         if self.registration is not None:
             self.registration.close()
         if self.zk is not None:
@@ -299,198 +257,63 @@ class Broker:
         """For fault tests that expire this broker's session with a second client."""
         return self.zk.kazoo.client_id[1] if self.zk and self.zk.kazoo.client_id else None
 
-    # -- controller requests -------------------------------------------------------------------
-    def _fence(self, controller_epoch: int) -> None:
-        if controller_epoch < self.max_controller_epoch:
-            raise StaleControllerEpochError(
-                f"broker {self.broker_id}: controller epoch {controller_epoch} is older than "
-                f"{self.max_controller_epoch}")
-        self.max_controller_epoch = controller_epoch
+    # -- controller requests (stamped: controller epoch, request id) ----------------------------
+    @property
+    def max_controller_epoch(self) -> int:
+        return self.replica_manager.max_controller_epoch
 
-    def leader_and_isr(self, controller_epoch: int, partitions: list[dict]) -> list[dict]:
+    def leader_and_isr(self, controller_epoch: int, partitions: list[dict],
+                       request_id: int = 0) -> list[dict]:
+        """One row per partition: ``{"topic", "partition", "error"}`` (None on success)."""
+        return self.replica_manager.leader_and_isr(controller_epoch, partitions, request_id)
+
+    def stop_replicas(self, controller_epoch: int, partitions: list, delete: bool,
+                      request_id: int = 0) -> None:
+        self.replica_manager.stop_replicas(controller_epoch, partitions, delete, request_id)
+
+    def update_metadata(self, controller_epoch: int, metadata: dict,
+                        request_id: int = 0) -> bool:
+        """Replace the metadata cache; False (ignored) for a snapshot older than the one
+        held (a late request the controller had given up on)."""
+        stamp = (controller_epoch, request_id)
         with self._lock:
-            self._fence(controller_epoch)
-        # start every missing replica first, then wait for all: actors start in parallel
-        handles = [self._replica(p["topic"], p["partition"], p.get("config") or {},
-                                 p.get("topic_id"))
-                   for p in partitions]
-        ray.get([h.ready.remote() for h in handles], timeout=120)
-        refs = []
-        for p, handle in zip(partitions, handles):
-            if p["leader"] == self.broker_id:
-                refs.append(handle.become_leader.remote(p["leader_epoch"], p["isr"],
-                                                        p["replicas"]))
-            else:
-                refs.append(handle.become_follower.remote(p["leader"], p["leader_epoch"],
-                                                          p["isr"], p["replicas"]))
-        return ray.get(refs, timeout=60)
-
-    def _replica(self, topic: str, partition: int, topic_config: dict,
-                 topic_id: str | None = None):
-        """The replica actor of (topic, partition), created (not awaited) when missing; a
-        changed topic config (min.insync.replicas included) is applied to an existing one in
-        place. A replica of an earlier topic of the same name (another topic id) is stopped
-        with its data first."""
-        log_config = {**topic_log_defaults(self.config), **topic_config}
-        min_isr = int(topic_config.get("min.insync.replicas",
-                                       self.config.get("min.insync.replicas", 1)))
-        log_config.pop("min.insync.replicas", None)
-        wanted = (log_config, min_isr)
-        key = (topic, partition)
-        with self._lock:
-            handle = self.replicas.get(key)
-            if handle is not None and topic_id is not None \
-                    and self.replica_ids.get(key) not in (None, topic_id):
-                log.warning("broker %d: %s-%d belongs to an earlier topic incarnation (id %s, "
-                            "now %s): removing it", self.broker_id, topic, partition,
-                            self.replica_ids.get(key), topic_id)
-                self._stop_replica(topic, partition, self.replicas.pop(key), delete=True)
-                handle = None
-            if handle is not None:
-                if self.replica_configs.get(key) != wanted:
-                    ray.get(handle.update_config.remote(log_config, min_isr), timeout=60)
-                    self.replica_configs[key] = wanted
-                return handle
-            handle = ray.remote(PartitionReplica).options(
-                name=replica_actor_name(topic, partition, self.broker_id),
-                namespace=self.namespace, num_cpus=0, max_concurrency=8,
-                scheduling_strategy=raycompat.this_node(),
-            ).remote(topic, partition, self.broker_id, self.data_dir, log_config, min_isr,
-                     topic_id)
-            self.replicas[key] = handle
-            self.replica_configs[key] = wanted
-            self.replica_ids[key] = topic_id
-            return handle
-
-    def _stop_replica(self, topic: str, partition: int, handle, delete: bool) -> None:
-        if handle is not None:
-            try:
-                ray.get(handle.stop.remote(delete), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead replica: just remove its data
-                pass
-            ray.kill(handle, no_restart=True)
-            self._await_name_released(replica_actor_name(topic, partition, self.broker_id))
-        if delete:
-            shutil.rmtree(partition_dir(self.data_dir, topic, partition), ignore_errors=True)
-
-    def _await_name_released(self, name: str, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                ray.get_actor(name, namespace=self.namespace)
-            except ValueError:
-                return
-            time.sleep(0.05)
-
-    def stop_replicas(self, controller_epoch: int, partitions: list, delete: bool) -> None:
-        with self._lock:
-            self._fence(controller_epoch)
-            handles = []
-            for tp in partitions:
-                key = tuple(tp)
-                handles.append((key, self.replicas.pop(key, None)))
-                self.replica_configs.pop(key, None)
-                self.replica_ids.pop(key, None)
-        for (topic, partition), handle in handles:
-            self._stop_replica(topic, partition, handle, delete)
-
-    def update_metadata(self, controller_epoch: int, metadata: dict) -> None:
-        with self._lock:
-            self._fence(controller_epoch)
+            self.replica_manager.fence(controller_epoch)
+            if stamp < self._metadata_stamp:
+                return False
+            self._metadata_stamp = stamp
             self.metadata = metadata
+            return True
 
     def get_metadata(self) -> dict:
         return self.metadata
 
     # -- admin requests (written to ZooKeeper; the controller acts on them) ----------------------
-    @_zk_errors
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      config: dict | None) -> dict:
-        validate_topic_name(name)
-        if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
-            raise InvalidPartitionsError(f"partitions must be an integer >= 1, got {partitions!r}")
-        if not isinstance(replication_factor, int) or isinstance(replication_factor, bool) \
-                or replication_factor < 1:
-            raise InvalidReplicationFactorError(
-                f"replication factor must be an integer >= 1, got {replication_factor!r}")
-        config = {str(k): str(v) for k, v in (config or {}).items()}
-        topic_props = {k: v for k, v in config.items() if k != "min.insync.replicas"}
-        LogConfig.from_properties(topic_props)  # InvalidConfigurationError for bad values
-        existing = self.store.topics()
-        if name in existing:
-            raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-        collide = name.replace(".", "_")
-        for other in existing:
-            if other.replace(".", "_") == collide:
-                raise InvalidTopicError(
-                    f"topic {name!r} collides with existing topic {other!r} ('.' and '_' "
-                    f"map to the same metric names in Kafka)")
-        brokers = self.store.get_brokers()
-        if replication_factor > len(brokers):
-            raise InvalidReplicationFactorError(
-                f"replication factor {replication_factor} is larger than the {len(brokers)} "
-                f"live brokers")
-        try:
-            assignment = assign_replicas_to_brokers(
-                {b: info.rack for b, info in brokers.items()}, partitions=partitions,
-                replication_factor=replication_factor)
-        except PlacementError as exc:
-            raise InvalidReplicationFactorError(str(exc)) from None
-        try:
-            self.store.create_topic(name, assignment, config)
-        except NodeAlreadyExistsError:
-            raise TopicAlreadyExistsError(f"topic {name!r} already exists") from None
-        self._wake_controller()
-        return {p: list(r) for p, r in assignment.items()}
+        return self.admin.create_topic(name, partitions, replication_factor, config)
 
-    @_zk_errors
     def delete_topic(self, name: str) -> None:
-        validate_topic_name(name)
-        try:
-            self.store.request_topic_deletion(name)
-        except NodeMissingError:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist") from None
-        self._wake_controller()
+        self.admin.delete_topic(name)
 
-    @_zk_errors
     def list_topics(self) -> list[str]:
-        return self.store.topics()
+        return self.admin.list_topics()
 
-    @_zk_errors
     def topic_exists(self, name: str) -> bool:
-        return name in self.store.topics()
+        return self.admin.topic_exists(name)
 
-    @_zk_errors
     def topic_config(self, name: str) -> dict:
-        if name not in self.store.topics():
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return self.store.get_topic_config(name)
+        return self.admin.topic_config(name)
 
-    @_zk_errors
     def alter_topic_config(self, name: str, config: dict) -> dict:
-        validate_topic_name(name)
-        if name not in self.store.topics():
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        merged = {**self.store.get_topic_config(name),
-                  **{str(k): str(v) for k, v in (config or {}).items()}}
-        LogConfig.from_properties({k: v for k, v in merged.items()
-                                   if k != "min.insync.replicas"})
-        self.store.set_topic_config(name, merged)
-        self._wake_controller()
-        return merged
+        return self.admin.alter_topic_config(name, config)
 
-    @_zk_errors
     def elect_preferred_leaders(self, partitions: list) -> None:
-        try:
-            self.store.request_preferred_replica_election([tuple(p) for p in partitions])
-        except NodeAlreadyExistsError:
-            pass  # one is in progress; it will be retried by the caller if needed
-        self._wake_controller()
+        self.admin.elect_preferred_leaders(partitions)
 
     def _wake_controller(self) -> None:
+        """Nudge the active controller (fire and forget; its watches would wake it too)."""
         try:
-            snapshot = self.metadata
-            cid = snapshot.get("controller_id", -1)
+            cid = self.metadata.get("controller_id", -1)
             if cid >= 0:
                 handle = ray.get_actor(controller_actor_name(cid), namespace=self.namespace)
                 handle.wake.remote()

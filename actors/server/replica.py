@@ -2,7 +2,7 @@
 
 A thin shell: byte-level work is the Log's; this actor adds the leader/follower role, the
 leader epoch and controller-epoch fencing, record validation of client batches, the high
-watermark, and periodic upkeep (flush.ms, retention, compaction) on a background thread.
+watermark, and upkeep (flush.ms, retention, compaction) run only when due (server/upkeep.py).
 
 Requests (all return plain data; errors are raised as actors.errors classes):
     produce(batch, acks, timeout_ms)        leader only -> ProduceResult
@@ -20,20 +20,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
-import time
 
 from storage import Log, LogConfig
 from storage.checkpoint import write_atomic
 
-from ..protocol import FetchResult, ProduceResult
-from ..errors import (FencedLeaderEpochError, IllegalArgumentError, KafkaError,
-                     NotEnoughReplicasError, NotLeaderForPartitionError,
-                     OffsetOutOfRangeError)
+from ..errors import (FencedLeaderEpochError, IllegalArgumentError, NotEnoughReplicasError,
+                      NotLeaderForPartitionError, OffsetOutOfRangeError)
+from ..protocol import FetchResult, ProduceResult, ReplicaRole
+from .upkeep import Upkeep
 
 log = logging.getLogger(__name__)
-
-MAINTENANCE_INTERVAL_S = 1.0
 
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:
@@ -94,15 +90,13 @@ class PartitionReplica:
         if topic_id is not None:
             claim_partition_dir(self.path, topic_id)
         self.log = Log.open(self.path, LogConfig.from_properties(log_config or {}))
-        self.is_leader = False
+        self.role = ReplicaRole.NONE
         self.leader_epoch = -1
         self.leader_id = -1
         self.isr: list[int] = []
         self.replicas: list[int] = []
-        self._stopped = threading.Event()
-        self._maintainer = threading.Thread(target=self._maintain_loop, daemon=True,
-                                            name=f"maintain-{topic}-{partition}")
-        self._maintainer.start()
+        # flush.ms, retention, compaction: a thread that sleeps until something is due
+        self.upkeep = Upkeep(self.log, f"{topic}-{partition}")
 
     def ready(self) -> bool:
         return True
@@ -115,7 +109,7 @@ class PartitionReplica:
     # -- role changes (from the broker, on the controller's LeaderAndIsr) ------------------
     def become_leader(self, leader_epoch: int, isr: list[int], replicas: list[int]) -> dict:
         self._check_epoch(leader_epoch)
-        self.is_leader = True
+        self.role = ReplicaRole.LEADER
         self.leader_epoch = leader_epoch
         self.leader_id = self.broker_id
         self.isr = list(isr)
@@ -125,12 +119,16 @@ class PartitionReplica:
     def become_follower(self, leader_id: int, leader_epoch: int, isr: list[int],
                         replicas: list[int]) -> dict:
         self._check_epoch(leader_epoch)
-        self.is_leader = False
+        self.role = ReplicaRole.FOLLOWER
         self.leader_epoch = leader_epoch
         self.leader_id = leader_id
         self.isr = list(isr)
         self.replicas = list(replicas)
         return self.state()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == ReplicaRole.LEADER
 
     def _check_epoch(self, leader_epoch: int) -> None:
         if leader_epoch < self.leader_epoch:
@@ -148,6 +146,7 @@ class PartitionReplica:
         config = LogConfig.from_properties(log_config or {})
         if config != self.log.config:
             self.log.update_config(config)
+            self.upkeep.wake()
         if min_insync_replicas is not None:
             self.min_insync_replicas = int(min_insync_replicas)
 
@@ -171,12 +170,12 @@ class PartitionReplica:
             raise NotEnoughReplicasError(
                 f"{self.topic}-{self.partition}: ISR {self.isr} is smaller than "
                 f"min.insync.replicas={self.min_insync_replicas}")
-        base, last = self.log.append(batch, leader_epoch=self.leader_epoch,
-                                     validate_records=True)
-        append_time = -1
-        if self.config.log_append_time:
-            append_time = int(time.time() * 1000)
-        return ProduceResult(base, last, append_time, self.log.log_start_offset)
+        appended = self.log.append(batch, leader_epoch=self.leader_epoch,
+                                   validate_records=True)
+        self.upkeep.after_append()
+        # the timestamp the log stamped (LogAppendTime), never a second clock reading
+        return ProduceResult(appended.base_offset, appended.last_offset,
+                             appended.log_append_time_ms, self.log.log_start_offset)
 
     def fetch(self, offset: int, max_bytes: int = 1 << 20, *,
               isolation: str = "high_watermark") -> FetchResult:
@@ -205,12 +204,15 @@ class PartitionReplica:
 
     def delete_records_before(self, offset: int) -> int:
         self._require_leader()
-        return self.log.delete_records_before(offset)
+        try:
+            return self.log.delete_records_before(offset)
+        finally:
+            self.upkeep.wake()       # deleted segments are unlinked after file.delete.delay.ms
 
     def state(self) -> dict:
         return {
             "topic": self.topic, "partition": self.partition, "broker_id": self.broker_id,
-            "is_leader": self.is_leader, "leader": self.leader_id,
+            "role": self.role.value, "is_leader": self.is_leader, "leader": self.leader_id,
             "leader_epoch": self.leader_epoch, "isr": list(self.isr),
             "replicas": list(self.replicas),
             "log_start_offset": self.log.log_start_offset,
@@ -221,16 +223,13 @@ class PartitionReplica:
         }
 
     # -- lifecycle --------------------------------------------------------------------------
-    def _maintain_loop(self) -> None:
-        while not self._stopped.wait(MAINTENANCE_INTERVAL_S):
-            try:
-                self.log.maintain()
-            except KafkaError as exc:
-                log.warning("%s-%d upkeep: %s", self.topic, self.partition, exc)
+    def upkeep_stats(self) -> dict:
+        """How often the upkeep thread woke and ran (tests, benchmarks)."""
+        return self.upkeep.stats()
 
     def stop(self, delete: bool = False) -> None:
         """Close the log (and delete its directory when the topic is being deleted)."""
-        self._stopped.set()
+        self.upkeep.close()
         self.log.close()
         if delete:
             shutil.rmtree(self.path, ignore_errors=True)
