@@ -64,7 +64,8 @@ def connect(namespace: str):
         state = daemon.live_state(namespace)
         if state is not None or not address:
             address = daemon.require_ready(namespace)["ray_address"]
-        raycompat.attach(address, namespace, logging_level=logging.WARNING)
+        raycompat.attach(address, namespace, auth_mode=(state or {}).get("ray_auth_mode"),
+                         logging_level=logging.WARNING)
     return Cluster.connect(namespace)
 
 
@@ -74,12 +75,7 @@ def _start_embedded(brokers: int = 3):
 
     from .. import raycompat
     from ..cluster import Cluster
-    ray = raycompat.ray
-    if not ray.is_initialized():
-        ray.init(address="local", namespace="raykafka-embedded", _node_ip_address="127.0.0.1",
-                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                 object_store_memory=int(os.environ.get("RAYKAFKA_OBJECT_STORE_BYTES",
-                                                        2 << 30)))
+    raycompat.init_local("raykafka-embedded", logging_level=logging.WARNING)
     ns = f"embedded-{os.getpid()}"
     return Cluster.start(num_brokers=brokers, namespace=ns)
 
@@ -158,6 +154,10 @@ def cmd_status(args) -> int:
           f"(epoch {snap.get('controller_epoch', 0)})")
     print(f"zookeeper   {cluster.zk_hosts}")
     print(f"ray         {state['ray_address']}")
+    if state.get("dashboard_url"):
+        # Ray's CLI sends the token only when told to (ray 2.60)
+        auth = "RAY_AUTH_MODE=token " if state.get("ray_auth_mode") == "token" else ""
+        print(f"jobs        {auth}ray job submit --address {state['dashboard_url']} -- python ...")
     print(f"data dir    {cluster.data_dir}")
     print(f"topics      {len(topics)}")
     for name in sorted(topics):
@@ -445,6 +445,15 @@ def cmd_perf_storage(args) -> int:
     return subprocess.call(cmd)
 
 
+def cmd_perf_scale(args) -> int:
+    from . import perf
+    summary = perf.scale(sizes=args.sizes, brokers=args.brokers, idle_s=args.idle_seconds,
+                         records=args.records, record_size=args.record_size,
+                         data_dir=args.data_dir)
+    print(json.dumps(summary, allow_nan=False), flush=True)
+    return 0
+
+
 # -- demo ------------------------------------------------------------------------------------
 def cmd_demo(args) -> int:
     if args.storage:
@@ -476,8 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--brokers", type=_positive_int, default=3, help="brokers (default 3)")
     s.add_argument("--data-dir", default=None,
                    help="where the cluster keeps its data (default ~/.raykafka/data/<ns>)")
-    s.add_argument("--zk", default=None, metavar="HOST:PORT",
-                   help="an external ZooKeeper (default: start an embedded one)")
+    s.add_argument("--zk", default=None, type=_zk_connect, metavar="HOST:PORT[/CHROOT]",
+                   help="an external ZooKeeper, as Kafka's zookeeper.connect (default: start "
+                        "an embedded one; the chroot defaults to /raykafka-<namespace>)")
     s.add_argument("--ray-address", default=None, metavar="ADDRESS",
                    help="run the brokers on this running Ray (\"auto\", or HOST:PORT of its "
                         "GCS; on a `ray up` cluster one broker per worker node) instead of a "
@@ -563,6 +573,19 @@ def build_parser() -> argparse.ArgumentParser:
                                  "to measure latency below saturation")
     ps = cmd(perf_sub, "storage", cmd_perf_storage, "the storage engine benchmark", parents=())
     ps.add_argument("--quick", action="store_true", help="a shorter run")
+    ps = cmd(perf_sub, "scale", cmd_perf_scale, "the cost of a partition: replicas next to "
+             "bare Ray actors (starts its own private Ray and cluster)", parents=())
+    ps.add_argument("--sizes", type=_increasing_sizes, default=(10, 30, 60), metavar="N,N,...",
+                    help="total partitions after each step, increasing (default 10,30,60)")
+    ps.add_argument("--brokers", type=_positive_int, default=3, help="brokers (default 3)")
+    ps.add_argument("--idle-seconds", type=_positive_float, default=10.0,
+                    help="idle CPU window per step (default 10)")
+    ps.add_argument("--records", type=_positive_int, default=200_000,
+                    help="records of the throughput run per step (default 200000)")
+    ps.add_argument("--record-size", type=_positive_int, default=100,
+                    help="bytes per record (default 100)")
+    ps.add_argument("--data-dir", default=None,
+                    help="where the cluster keeps its data (default: a temporary dir)")
 
     demo = cmd(sub, "demo", cmd_demo, "run the main demo job", parents=())
     demo.add_argument("--storage", action="store_true",
@@ -585,6 +608,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _zk_connect(text: str) -> str:
+    """``--zk``: Kafka's zookeeper.connect, ``host:port[,host:port...][/chroot]``."""
+    from coordination.zk_layout import split_connect
+    try:
+        split_connect(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -593,6 +626,19 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def _increasing_sizes(text: str) -> tuple[int, ...]:
+    """``10,30,60``: positive totals, strictly increasing."""
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated partition counts like 10,30,60, got {text!r}") from None
+    if any(n < 1 for n in sizes) or any(a >= b for a, b in zip(sizes, sizes[1:])):
+        raise argparse.ArgumentTypeError(
+            f"partition counts must be positive and increasing, got {text!r}")
+    return sizes
 
 
 def _namespace(text: str) -> str:

@@ -236,3 +236,273 @@ def print_result(result: dict) -> None:
     if "short" in result:
         print(f"note: {result['short']}", file=sys.stderr)
     print(json.dumps(result, allow_nan=False), flush=True)
+
+
+# -- perf scale: the cost of a partition ------------------------------------------------------
+SCALE_SIZES = (10, 30, 60)
+SCALE_GOALS = {"memory_ratio": 1.2, "idle_cpu_ratio": 1.2, "create_ratio": 1.5,
+               "first_send_ms_p50": 20.0}
+SCALE_REFERENCE_BARE = 10          # bare actors kept alive as the idle baseline
+SCALE_SETTLE_S = 1.0
+
+
+def _bare_actor_class():
+    """The baseline: a Ray actor with no body. Defined in a function so that Ray ships it by
+    value: its worker imports nothing of ours (the floor the replicas are compared with)."""
+    class BareActor:
+        def pid(self) -> int:
+            import os as _os
+            return _os.getpid()
+    return BareActor
+
+
+def _actor_options(name: str, namespace: str) -> dict:
+    """What a Broker gives its PartitionReplica actors (server/broker.py), for the baseline."""
+    from .. import raycompat
+    return {"name": name, "namespace": namespace, "num_cpus": 0, "max_concurrency": 8,
+            "scheduling_strategy": raycompat.this_node()}
+
+
+def _median(values):
+    return float(np.median(values)) if len(values) else None
+
+
+def _procs_usage(pids: list[int], idle_s: float) -> dict:
+    """Memory (USS, RSS in MB), thread count and CPU % of one core over ``idle_s`` for each
+    pid, all sampled in the same window."""
+    import psutil
+    procs = [psutil.Process(pid) for pid in pids]
+    t0 = time.perf_counter()
+    before = [p.cpu_times() for p in procs]
+    time.sleep(idle_s)
+    after = [p.cpu_times() for p in procs]
+    elapsed = time.perf_counter() - t0
+    cpu = [100.0 * ((a.user + a.system) - (b.user + b.system)) / elapsed
+           for a, b in zip(after, before)]
+    mem = [p.memory_full_info() for p in procs]
+    return {"cpu_pct": cpu, "uss_mb": [m.uss / 1e6 for m in mem],
+            "rss_mb": [m.rss / 1e6 for m in mem], "threads": [p.num_threads() for p in procs]}
+
+
+def _replica_pid(handle) -> int:
+    import ray
+    return ray.get(handle.__ray_call__.remote(lambda self: __import__("os").getpid()),
+                   timeout=60)
+
+
+def _spread_produce(cluster, topics: dict, records: int, record_size: int) -> dict:
+    """``records`` records of ``record_size`` bytes over every partition of ``topics``
+    ({name: partitions}) from one producer (send_batch, acks=1); records/s and MB/s."""
+    total_parts = sum(topics.values())
+    per_partition = max(records // total_parts, 1)
+    payload = os.urandom(record_size)
+    producer = cluster.producer(acks=1, linger_ms=0, batch_size=512 << 10,
+                                max_request_size=1 << 20, buffer_memory=512 << 20,
+                                request_timeout_ms=int(WAIT_TIMEOUT_S * 1000))
+    try:
+        futures = []
+        t0 = time.perf_counter()
+        for topic, parts in topics.items():
+            futures.append(producer.send_batch(topic, [payload] * (per_partition * parts)))
+        for f in futures:
+            f.wait(timeout=WAIT_TIMEOUT_S)
+        elapsed = time.perf_counter() - t0
+    finally:
+        producer.close(timeout=30)
+    n = per_partition * total_parts
+    return {"records": n, "records_per_s": round(n / elapsed),
+            "MB_per_s": round(n * record_size / elapsed / 1e6, 2)}
+
+
+def scale(*, sizes=SCALE_SIZES, brokers: int = 3, idle_s: float = 10.0,
+          records: int = 200_000, record_size: int = 100, data_dir: str | None = None,
+          out=sys.stdout) -> dict:
+    """The cost of a partition (``raykafka perf scale``, benchmarks/scale_bench.py).
+
+    Starts a private Ray and a ``brokers``-broker cluster, then for each total in ``sizes``
+    (increasing) creates a topic with the missing partitions (RF 1) and measures, next to
+    bare Ray actors started in the same run with the replicas' actor options: start time
+    per actor (bare: all of a step's actors started at once until each answers; replicas:
+    ``create_topic`` until every leader serves), first-send latency per partition from a
+    fresh client (its own Metadata and Producer: one record, acks=1, sent and awaited
+    partition by partition; then a second round, warm), memory (USS, RSS) and idle CPU of
+    each replica's and each reference bare actor's worker process over the same
+    ``idle_s`` window, and produce throughput spread over all partitions. Prints a table
+    and returns the summary (the CLI prints it as the last line, JSON).
+    """
+    import shutil
+    import tempfile
+
+    import ray
+
+    import actors
+    from ..client.metadata import Metadata
+    from ..cluster import Cluster
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    sizes = list(sizes)
+    own_dir = data_dir is None
+    data_dir = data_dir or tempfile.mkdtemp(prefix="raykafka-scale-")
+    namespace = f"scale-{os.getpid()}"
+    t_start = time.perf_counter()
+    own_ray = not ray.is_initialized()
+    cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, namespace=namespace)
+    bare_cls = ray.remote(_bare_actor_class())
+    reference: list = []         # bare actors kept for the idle baseline
+    steps: list[dict] = []
+    topics: dict[str, int] = {}
+    replica_pids: list[int] = []
+    first_all: list[float] = []
+    create_total = bare_total = 0.0
+    made = 0
+    try:
+        say(f"cluster of {brokers} brokers up in {time.perf_counter() - t_start:.1f}s "
+            f"(namespace {namespace}, data {data_dir})")
+        for size in sizes:
+            new = size - made
+            # bare actors: start `new` at once, as a topic starts its replicas
+            t0 = time.perf_counter()
+            bare = [bare_cls.options(**_actor_options(f"bare-{made + i}", namespace)).remote()
+                    for i in range(new)]
+            bare_pids = ray.get([b.pid.remote() for b in bare], timeout=600)
+            bare_s = time.perf_counter() - t0
+            keep = max(SCALE_REFERENCE_BARE - len(reference), 0)
+            reference += list(zip(bare[:keep], bare_pids[:keep]))
+            _kill_and_wait(bare[keep:], bare_pids[keep:])
+            # replicas: a topic of `new` partitions, until every leader serves
+            topic = f"scale-{size}"
+            t0 = time.perf_counter()
+            cluster.admin().create_topic(topic, partitions=new, replication_factor=1)
+            create_s = time.perf_counter() - t0
+            topics[topic] = new
+            # first send per partition, from a fresh client
+            producer = actors.Producer(Metadata(namespace, cluster.broker_ids()), acks=1,
+                                       linger_ms=0)
+            try:
+                rounds = []
+                for _ in range(2):
+                    lat = []
+                    for p in range(new):
+                        t0 = time.perf_counter()
+                        producer.send(topic, b"x" * record_size, partition=p).get(timeout=60)
+                        lat.append((time.perf_counter() - t0) * 1000)
+                    rounds.append(lat)
+            finally:
+                producer.close(timeout=30)
+            first_all += rounds[0]
+            replica_pids += [_replica_pid(cluster.metadata.leader(topic, p).handle)
+                             for p in range(new)]
+            time.sleep(SCALE_SETTLE_S)
+            usage = _procs_usage(replica_pids + [pid for _, pid in reference], idle_s)
+            k = len(replica_pids)
+            rep = {key: vals[:k] for key, vals in usage.items()}
+            ref = {key: vals[k:] for key, vals in usage.items()}
+            tput = _spread_produce(cluster, topics, records, record_size)
+            create_total += create_s
+            bare_total += bare_s
+            made = size
+            step = {
+                "partitions": size, "new_partitions": new,
+                "replica_uss_mb": _median(rep["uss_mb"]), "bare_actor_uss_mb": _median(ref["uss_mb"]),
+                "replica_rss_mb": _median(rep["rss_mb"]), "bare_actor_rss_mb": _median(ref["rss_mb"]),
+                "replica_idle_cpu_pct": float(np.mean(rep["cpu_pct"])),
+                "bare_actor_idle_cpu_pct": float(np.mean(ref["cpu_pct"])),
+                "replica_threads": _median(rep["threads"]),
+                "bare_actor_threads": _median(ref["threads"]),
+                "create_s_per_partition": create_s / new, "bare_actor_start_s": bare_s / new,
+                "first_send_ms_p50": _median(rounds[0]), "first_send_ms_max": max(rounds[0]),
+                "second_send_ms_p50": _median(rounds[1]),
+                "produce_records_per_s": tput["records_per_s"],
+                "produce_MB_per_s": tput["MB_per_s"],
+            }
+            steps.append(step)
+            _print_step(say, step)
+    finally:
+        for handle, _ in reference:
+            ray.kill(handle, no_restart=True)
+        cluster.shutdown()
+        if own_ray:
+            ray.shutdown()   # its own Ray, and no raylet warning printed after the summary
+        if own_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    last = steps[-1]
+    summary = {
+        "tool": "perf scale", "brokers": brokers, "sizes": sizes, "idle_window_s": idle_s,
+        "replica_uss_mb": _r(last["replica_uss_mb"]),
+        "bare_actor_uss_mb": _r(last["bare_actor_uss_mb"]),
+        "replica_rss_mb": _r(last["replica_rss_mb"]),
+        "bare_actor_rss_mb": _r(last["bare_actor_rss_mb"]),
+        "replica_idle_cpu_pct": _r(last["replica_idle_cpu_pct"], 3),
+        "bare_actor_idle_cpu_pct": _r(last["bare_actor_idle_cpu_pct"], 3),
+        "create_s_per_partition": _r(create_total / made, 3),
+        "bare_actor_start_s": _r(bare_total / made, 3),
+        "first_send_ms_p50": _r(_median(first_all)),
+        "first_send_ms_max": _r(max(first_all)),
+        "second_send_ms_p50": _r(_median([s["second_send_ms_p50"] for s in steps])),
+        "produce_records_per_s": last["produce_records_per_s"],
+        "produce_MB_per_s": last["produce_MB_per_s"],
+        "elapsed_s": round(time.perf_counter() - t_start, 1),
+        "steps": [{k: (_r(v, 3) if isinstance(v, float) else v) for k, v in s.items()}
+                  for s in steps],
+    }
+    ratios = {
+        "uss_ratio": summary["replica_uss_mb"] / summary["bare_actor_uss_mb"],
+        "rss_ratio": summary["replica_rss_mb"] / summary["bare_actor_rss_mb"],
+        "idle_cpu_ratio": (summary["replica_idle_cpu_pct"]
+                           / max(summary["bare_actor_idle_cpu_pct"], 1e-9)),
+        "create_ratio": summary["create_s_per_partition"] / summary["bare_actor_start_s"],
+    }
+    summary.update({k: round(v, 3) for k, v in ratios.items()})
+    g = SCALE_GOALS
+    summary["goals"] = {
+        "memory": ratios["uss_ratio"] <= g["memory_ratio"]
+        and ratios["rss_ratio"] <= g["memory_ratio"],
+        "idle_cpu": ratios["idle_cpu_ratio"] <= g["idle_cpu_ratio"],
+        "create": ratios["create_ratio"] <= g["create_ratio"],
+        "first_send": summary["first_send_ms_p50"] <= g["first_send_ms_p50"],
+    }
+    say(f"whole run {summary['elapsed_s']}s; per replica vs bare actor (last step): "
+        f"USS x{ratios['uss_ratio']:.2f}, RSS x{ratios['rss_ratio']:.2f}, idle CPU "
+        f"x{ratios['idle_cpu_ratio']:.2f}; start x{ratios['create_ratio']:.2f} (all steps); "
+        f"first send p50 {summary['first_send_ms_p50']} ms; goals "
+        + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in summary["goals"].items()))
+    return summary
+
+
+def _r(value, digits: int = 2):
+    return None if value is None else round(float(value), digits)
+
+
+def _kill_and_wait(handles, pids, timeout_s: float = 60.0) -> None:
+    """Kill bare actors and wait until their processes are gone (their exit is not noise in
+    the next measurement)."""
+    import psutil
+    import ray
+    for h in handles:
+        ray.kill(h, no_restart=True)
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout_s)
+
+
+def _print_step(say, s: dict) -> None:
+    say(f"-- {s['partitions']} partitions ({s['new_partitions']} new)        replica   bare actor")
+    rows = [("memory USS MB (median)", "replica_uss_mb", "bare_actor_uss_mb", "{:.1f}"),
+            ("memory RSS MB (median)", "replica_rss_mb", "bare_actor_rss_mb", "{:.1f}"),
+            ("idle CPU % of a core (mean)", "replica_idle_cpu_pct", "bare_actor_idle_cpu_pct",
+             "{:.2f}"),
+            ("threads (median)", "replica_threads", "bare_actor_threads", "{:.0f}"),
+            ("start s per actor", "create_s_per_partition", "bare_actor_start_s", "{:.3f}")]
+    for label, a, b, fmt in rows:
+        say(f"   {label:<32}{fmt.format(s[a]):>9}{fmt.format(s[b]):>13}")
+    say(f"   {'first send ms p50 / max':<32}{s['first_send_ms_p50']:>9.1f}"
+        f"{s['first_send_ms_max']:>13.1f} (max)")
+    say(f"   {'second send ms p50':<32}{s['second_send_ms_p50']:>9.1f}")
+    say(f"   {'produce over all partitions':<32}{s['produce_records_per_s']:>9,} records/s "
+        f"({s['produce_MB_per_s']} MB/s)")
