@@ -120,6 +120,25 @@ def test_topic_znodes_have_the_seed_schemas(cluster, zk):
     admin.delete_topic("zschema")
 
 
+def test_after_create_topic_every_broker_knows_the_topic_and_its_leaders(cluster):
+    """create_topic returns only once every live broker's metadata cache lists the topic with
+    leaders, so a client in another process finds it whichever broker it asks; a fresh
+    Metadata on a lagging cache asks every broker for the newest snapshot before it says
+    "unknown"."""
+    from actors.client.metadata import Metadata
+    admin = cluster.admin()
+    for i in range(3):
+        admin.create_topic(f"everywhere-{i}", partitions=4)
+        for bid in cluster.broker_ids():
+            snap = ray.get(cluster.broker(bid).get_metadata.remote(), timeout=30)
+            parts = snap["topics"].get(f"everywhere-{i}")
+            assert parts is not None and all(st["leader"] >= 0 for st in parts.values()), bid
+        fresh = Metadata(cluster.namespace, cluster.broker_ids())
+        fresh._snapshot, fresh._fetched_at = {"topics": {}, "brokers": {}}, 1.0  # stale cache
+        assert fresh.partitions_for(f"everywhere-{i}") == [0, 1, 2, 3]
+        admin.delete_topic(f"everywhere-{i}")
+
+
 def test_create_describe_and_delete_a_topic(cluster, zk):
     """describe_topic reports leaders and offsets; delete removes znodes and partition data."""
     admin = cluster.admin()

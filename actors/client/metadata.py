@@ -31,6 +31,12 @@ def broker_handle(namespace: str, broker_id: int):
     return ray.get_actor(broker_actor_name(broker_id), namespace=namespace)
 
 
+def _stamp(snapshot: dict) -> tuple:
+    """How new a broker's metadata snapshot is: (controller epoch, request id) of the
+    UpdateMetadata that brought it."""
+    return tuple(snapshot.get("stamp") or (snapshot.get("controller_epoch", 0), 0))
+
+
 class Metadata:
     """Topic → partition → leader, from the brokers' caches. Thread-safe."""
 
@@ -43,24 +49,43 @@ class Metadata:
         self._handles: dict[tuple, object] = {}
 
     # -- reading the cluster -----------------------------------------------------------------
-    def refresh(self) -> dict:
-        """Read the metadata of the first broker that answers (random order)."""
+    def refresh(self, *, newest: bool = False) -> dict:
+        """Read a broker's metadata: the first that answers (random order), or with
+        ``newest`` all of them at once, keeping the newest snapshot (highest controller
+        stamp). Brokers receive UpdateMetadata one by one, so right after a change one cache
+        can lag another: a lookup that misses asks for the newest before it says "unknown"."""
         ids = list(self._snapshot.get("brokers") or {}) or list(self._broker_ids)
         ids = [int(i) for i in ids]
         random.shuffle(ids)
         last_exc: BaseException | None = None
         best = None
-        for bid in ids:
-            try:
-                snap = ray.get(broker_handle(self.namespace, bid).get_metadata.remote(),
-                               timeout=METADATA_CALL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - try the next broker
-                last_exc = exc
-                continue
-            if best is None or snap.get("controller_epoch", 0) > best.get("controller_epoch", 0):
-                best = snap
-            if snap.get("controller_epoch", 0) > 0:
-                break
+        if newest:
+            refs = []
+            for bid in ids:
+                try:
+                    refs.append(broker_handle(self.namespace, bid).get_metadata.remote())
+                except Exception as exc:  # noqa: BLE001 - a broker that is not there
+                    last_exc = exc
+            for ref in refs:
+                try:
+                    snap = ray.get(ref, timeout=METADATA_CALL_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - the others may answer
+                    last_exc = exc
+                    continue
+                if best is None or _stamp(snap) > _stamp(best):
+                    best = snap
+        else:
+            for bid in ids:
+                try:
+                    snap = ray.get(broker_handle(self.namespace, bid).get_metadata.remote(),
+                                   timeout=METADATA_CALL_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - try the next broker
+                    last_exc = exc
+                    continue
+                if best is None or _stamp(snap) > _stamp(best):
+                    best = snap
+                if snap.get("controller_epoch", 0) > 0:
+                    break
         if best is None:
             raise NoBrokersAvailable(f"no broker of namespace {self.namespace!r} answered "
                                      f"({last_exc!r})")
@@ -91,7 +116,7 @@ class Metadata:
     def partitions_for(self, topic: str) -> list[int]:
         parts = self.snapshot().get("topics", {}).get(topic)
         if parts is None:
-            parts = self.refresh().get("topics", {}).get(topic)
+            parts = self.refresh(newest=True).get("topics", {}).get(topic)
         if parts is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         return sorted(int(p) for p in parts)
@@ -99,7 +124,7 @@ class Metadata:
     def partition_state(self, topic: str, partition: int) -> dict:
         parts = self.snapshot().get("topics", {}).get(topic)
         if parts is None or partition not in parts:
-            parts = self.refresh().get("topics", {}).get(topic)
+            parts = self.refresh(newest=True).get("topics", {}).get(topic)
         if parts is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         if partition not in parts:
@@ -128,24 +153,54 @@ class Metadata:
         return LeaderRef(handle, leader, epoch)
 
     def wait_for_leaders(self, topic: str, *, timeout_s: float, exists: bool = True) -> None:
-        """Block until every partition of ``topic`` has a live leader replica (or, with
-        ``exists=False``, until the topic is gone)."""
+        """Block until every live broker's metadata shows every partition of ``topic`` with a
+        leader, and each leader replica answers to its name (or, with ``exists=False``, until
+        no broker's metadata lists the topic): after it returns, a client in any process,
+        whichever broker it asks, finds the topic as it now is."""
         from ..errors import KafkaTimeoutError
         deadline = time.monotonic() + timeout_s
         while True:
-            snap = self.refresh()
-            parts = snap.get("topics", {}).get(topic)
-            if not exists and parts is None:
-                return
-            if exists and parts and all(s["leader"] >= 0 for s in parts.values()):
+            snaps = self._live_snapshots()
+            done = bool(snaps)
+            for snap in snaps:
+                parts = snap.get("topics", {}).get(topic)
+                if exists:
+                    done &= bool(parts) and all(s["leader"] >= 0 for s in parts.values())
+                else:
+                    done &= parts is None
+            if done and exists:
+                self.refresh(newest=True)
                 try:
-                    for p in parts:
+                    for p in self.partitions_for(topic):
                         self.leader(topic, p)
-                    return
-                except LeaderNotAvailableError:
-                    pass
+                except (LeaderNotAvailableError, UnknownTopicOrPartitionError):
+                    done = False
+            if done:
+                return
             if time.monotonic() > deadline:
                 what = "leaders" if exists else "deletion"
                 raise KafkaTimeoutError(f"timed out after {timeout_s}s waiting for {what} of "
                                         f"topic {topic!r}")
             time.sleep(0.05)
+
+    def _live_snapshots(self) -> list[dict]:
+        """The metadata of every broker that answers and that the newest answer lists as
+        live (a broker that is not registered any more keeps an old cache: it is skipped)."""
+        ids = [int(i) for i in (self._snapshot.get("brokers") or {})] or list(self._broker_ids)
+        refs = []
+        for bid in ids:
+            try:
+                refs.append((bid, broker_handle(self.namespace, bid).get_metadata.remote()))
+            except Exception:  # noqa: BLE001 - a broker that is not there
+                continue
+        answers = []
+        for bid, ref in refs:
+            try:
+                answers.append((bid, ray.get(ref, timeout=METADATA_CALL_TIMEOUT_S)))
+            except Exception:  # noqa: BLE001 - a dead or slow broker knows nothing
+                continue
+        if not answers:
+            return []
+        newest = max((snap for _, snap in answers), key=_stamp)
+        live = {int(b) for b in newest.get("brokers", {})}
+        return [snap for bid, snap in answers if bid in live]

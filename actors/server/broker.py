@@ -281,7 +281,8 @@ class Broker:
             if stamp < self._metadata_stamp:
                 return False
             self._metadata_stamp = stamp
-            self.metadata = metadata
+            # clients keep the newest of several brokers' snapshots by this stamp
+            self.metadata = {**metadata, "stamp": list(stamp)}
             return True
 
     def get_metadata(self) -> dict:
