@@ -42,6 +42,11 @@ class InvalidReplicaAssignmentError(KafkaError):
     pass
 
 
+class ReassignmentInProgressError(KafkaError):
+    """A partition reassignment is already running (/admin/reassign_partitions exists):
+    wait for it to finish, then ask again."""
+
+
 # -- leadership and replication ---------------------------------------------------------
 class NotLeaderForPartitionError(RetriableError):
     """The replica asked is not the partition's leader: refresh metadata and retry."""
@@ -61,6 +66,16 @@ class NotEnoughReplicasAfterAppendError(RetriableError):
 
 class FencedLeaderEpochError(RetriableError):
     """A request carrying an older leader epoch than the replica's."""
+
+
+class UnknownLeaderEpochError(RetriableError):
+    """A request carrying a newer leader epoch than the replica knows (it has not heard of
+    the new epoch yet): retry after a backoff."""
+
+
+class InvalidUpdateVersionError(KafkaError):
+    """An ISR change proposed against a stale partition state version (zk_version); the
+    leader waits for the controller's next LeaderAndIsr instead of retrying."""
 
 
 class StaleControllerEpochError(KafkaError):
@@ -120,8 +135,10 @@ __all__ = [
     "UnsupportedCodecError", "UnsupportedVersionError", "InvalidTopicError",
     "TopicAlreadyExistsError", "UnknownTopicOrPartitionError", "InvalidPartitionsError",
     "InvalidReplicationFactorError", "InvalidReplicaAssignmentError",
+    "ReassignmentInProgressError",
     "NotLeaderForPartitionError", "LeaderNotAvailableError", "NotEnoughReplicasError",
-    "NotEnoughReplicasAfterAppendError", "FencedLeaderEpochError",
+    "NotEnoughReplicasAfterAppendError", "FencedLeaderEpochError", "UnknownLeaderEpochError",
+    "InvalidUpdateVersionError",
     "StaleControllerEpochError", "NotControllerError", "BrokerNotAvailableError",
     "BrokerIdInUseError", "InconsistentClusterIdError", "NoBrokersAvailable", "KafkaTimeoutError", "RequestTimedOutError",
     "IllegalStateError", "IllegalArgumentError", "ClusterNotFoundError",

@@ -73,6 +73,27 @@ class FetchResult:
     log_end_offset: int
 
 
+@dataclass(frozen=True)
+class ReplicaFetchResult:
+    """The answer to ``PartitionReplica.replica_fetch`` (a follower fetching from its
+    leader): batches from the fetch offset to the leader's log end, not just the HW."""
+
+    data: bytes                    # whole batches, offsets and leader epochs as stored
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+@dataclass(frozen=True)
+class EpochEndOffset:
+    """The answer to ``PartitionReplica.offsets_for_leader_epoch`` (KIP-101): the largest
+    epoch <= the one asked that the leader knows, and where the epoch after it starts
+    (the leader's LEO for its latest epoch); (-1, -1) when unknown."""
+
+    leader_epoch: int
+    end_offset: int
+
+
 # -- topic names ------------------------------------------------------------------------------
 TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
