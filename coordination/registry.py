@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -37,7 +38,8 @@ class BrokerRegistration:
     checked (or re-created) the node. Thread-safe for readers; start/close from one owner.
     """
 
-    def __init__(self, zk: ZkClient, info: BrokerInfo, *, check_interval_s: float = 1.0):
+    def __init__(self, zk: ZkClient, info: BrokerInfo, *, check_interval_s: float = 1.0,
+                 before_reregister: Callable[[], object] | None = None):
         if info.timestamp_ms == 0:
             # The seed's "timestamp": when the broker first started, kept across re-registrations.
             info = BrokerInfo(broker_id=info.broker_id, host=info.host, port=info.port,
@@ -47,6 +49,12 @@ class BrokerRegistration:
         self.info = info
         self.path = broker_path(info.broker_id)
         self.check_interval_s = check_interval_s
+        #: Runs (on the registration thread) before the node is created again after it was
+        #: lost (session expiry): the broker fences its replicas there, so nothing it led
+        #: under the old session acknowledges anything once it is registered anew.
+        self.before_reregister = before_reregister
+        #: czxid of the node while it is ours (the broker epoch the controller sees).
+        self.czxid: int | None = None
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._registered = threading.Event()
@@ -143,6 +151,12 @@ class BrokerRegistration:
         session_id = self.zk.session_id
         stat = self.zk.exists(self.path, watch=self._on_watch)
         if stat is None:
+            self.czxid = None
+            if self.registrations > 0 and self.before_reregister is not None:
+                try:
+                    self.before_reregister()
+                except Exception:   # noqa: BLE001 - registering again matters more
+                    log.exception("%s: before_reregister failed", self.path)
             try:
                 self.zk.create(self.path, self.info.to_bytes(), ephemeral=True, makepath=True)
                 self.registrations += 1
@@ -157,6 +171,7 @@ class BrokerRegistration:
                 return
         if stat.ephemeralOwner == self.zk.session_id:
             self.error = None
+            self.czxid = stat.czxid
             self._registered.set()
             return
         self._registered.clear()

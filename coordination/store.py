@@ -139,10 +139,16 @@ class ZkStore:
         return L.decode_topic_assignment(topic, data), stat.version, f"{stat.czxid:x}"
 
     def set_topic_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]], *,
-                             expected_version: int) -> int:
-        """Conditional rewrite (reassignment, added partitions); returns the new zk version."""
+                             expected_version: int,
+                             controller_epoch_zk_version: int | None = None) -> int:
+        """Conditional rewrite (reassignment, added partitions); returns the new zk version.
+        With ``controller_epoch_zk_version`` it is guarded by the controller epoch as
+        ``update_partition_state`` is (ControllerMovedError)."""
         body = L.encode_topic_assignment({int(p): tuple(r) for p, r in assignment.items()})
-        return self._set_versioned(L.topic_path(topic), body, expected_version)
+        if controller_epoch_zk_version is None:
+            return self._set_versioned(L.topic_path(topic), body, expected_version)
+        return self._set_guarded(L.topic_path(topic), body, expected_version,
+                                 controller_epoch_zk_version)
 
     # -- partition state -------------------------------------------------------------------
 
@@ -181,9 +187,15 @@ class ZkStore:
         path = L.partition_state_path(topic, partition)
         if controller_epoch_zk_version is None:
             return self._set_versioned(path, state.to_bytes(), expected_version)
+        return self._set_guarded(path, state.to_bytes(), expected_version,
+                                 controller_epoch_zk_version)
+
+    def _set_guarded(self, path: str, body: bytes, expected_version: int,
+                     controller_epoch_zk_version: int) -> int:
+        """A versioned set in one multi-op with a check of /controller_epoch's version."""
         txn = self.zk.transaction()
         txn.check(L.CONTROLLER_EPOCH_PATH, controller_epoch_zk_version)
-        txn.set_data(path, state.to_bytes(), version=expected_version)
+        txn.set_data(path, body, version=expected_version)
         # One attempt (see _set_versioned): a retried multi-op could report its own success
         # as a conflict.
         results = self.zk.commit(txn)
@@ -279,6 +291,15 @@ class ZkStore:
                          ) -> dict[tuple[str, int], tuple[int, ...]] | None:
         return self._get_watched_or_none(L.REASSIGN_PARTITIONS_PATH, L.decode_reassignment,
                                          watch)
+
+    def set_reassignment(self, plan: Mapping[tuple[str, int], Iterable[int]]) -> None:
+        """Rewrite the pending reassignment (the controller drops completed partitions;
+        only it writes an existing node). NodeMissingError if there is none."""
+        body = L.encode_reassignment({(t, int(p)): tuple(r) for (t, p), r in plan.items()})
+        try:
+            self.retry.run(lambda: self.zk.set(L.REASSIGN_PARTITIONS_PATH, body))
+        except NoNodeError:
+            raise NodeMissingError(f"{L.REASSIGN_PARTITIONS_PATH} does not exist") from None
 
     def complete_reassignment(self) -> None:
         self._delete_if_present(L.REASSIGN_PARTITIONS_PATH)

@@ -15,9 +15,14 @@ import pytest
 
 from actors.server.channel import (MAX_ATTEMPTS, REQUEST_TIMEOUT_S, ControllerChannel,
                                    RequestKind, RequestStatus, backoff_s)
-from actors.server.controller import ControllerLogic
+from actors.errors import (FencedLeaderEpochError, InvalidReplicaAssignmentError,
+                           InvalidReplicationFactorError,
+                           InvalidUpdateVersionError, NotControllerError,
+                           ReassignmentInProgressError, UnknownTopicOrPartitionError)
+from actors.server.controller import WATCH_RETRY_S, ControllerLogic
 from coordination import zk_layout as L
-from coordination.errors import NodeAlreadyExistsError, NodeMissingError, VersionConflictError
+from coordination.errors import (ControllerMovedError, NodeAlreadyExistsError, NodeMissingError,
+                                 VersionConflictError)
 
 LAI, UM, SR = RequestKind.LEADER_AND_ISR, RequestKind.UPDATE_METADATA, RequestKind.STOP_REPLICA
 
@@ -30,6 +35,8 @@ class FakeStore:
         self.zxid = 0
         self.brokers: dict[int, int] = {}                  # id -> czxid
         self.assignments: dict[str, tuple[dict, int]] = {}  # topic -> (assignment, czxid)
+        self.topic_versions: dict[str, int] = {}
+        self.reassignment: dict | None = None
         self.states: dict[tuple[str, int], tuple[L.PartitionState, int]] = {}
         self.configs: dict[str, dict] = {}
         self.deleting: set[str] = set()
@@ -54,6 +61,7 @@ class FakeStore:
     def add_topic(self, topic: str, assignment: dict[int, list[int]], config=None) -> None:
         self.assignments[topic] = ({p: tuple(r) for p, r in assignment.items()},
                                    self._next_zxid())
+        self.topic_versions[topic] = 0
         self.configs[topic] = dict(config or {})
 
     def put_state(self, topic: str, p: int, leader: int, epoch: int, isr) -> None:
@@ -97,7 +105,32 @@ class FakeStore:
         if topic not in self.assignments:
             raise NodeMissingError(topic)
         assignment, czxid = self.assignments[topic]
-        return dict(assignment), 0, f"{czxid:x}"
+        return dict(assignment), self.topic_versions[topic], f"{czxid:x}"
+
+    def set_topic_assignment(self, topic, assignment, *, expected_version,
+                             controller_epoch_zk_version=None):
+        if topic not in self.assignments:
+            raise NodeMissingError(topic)
+        if self.topic_versions[topic] != expected_version:
+            raise VersionConflictError(L.topic_path(topic), expected_version)
+        self.assignments[topic] = ({p: tuple(r) for p, r in assignment.items()},
+                                   self.assignments[topic][1])
+        self.topic_versions[topic] += 1
+        return self.topic_versions[topic]
+
+    def replicas(self, topic, p=0):
+        return list(self.assignments[topic][0][p])
+
+    def get_reassignment(self, *, watch=None):
+        return None if self.reassignment is None else dict(self.reassignment)
+
+    def set_reassignment(self, plan):
+        if self.reassignment is None:
+            raise NodeMissingError("reassign_partitions")
+        self.reassignment = {tp: tuple(r) for tp, r in plan.items()}
+
+    def complete_reassignment(self):
+        self.reassignment = None
 
     def get_topic_config(self, topic):
         return dict(self.configs.get(topic, {}))
@@ -146,6 +179,7 @@ class FakeTransport:
 
     def __init__(self):
         self.calls: list[SimpleNamespace] = []
+        self.watches: list[SimpleNamespace] = []     # await_stop calls, kept pending
         self.answers: dict[int, tuple[bool, object]] = {}
         self.silent: set[int] = set()
         self.failing: set[int] = set()
@@ -167,6 +201,20 @@ class FakeTransport:
                      "error": self.refuse.get((broker_id, e["topic"], e["partition"]))}
                     for e in args[1]]
         return None
+
+    def watch(self, broker_id, broker_epoch):
+        token = ("watch", len(self.watches))
+        self.watches.append(SimpleNamespace(broker=broker_id, czxid=broker_epoch, token=token))
+        return token
+
+    def kill(self, broker_id, verdict="dead"):
+        """The broker's actor dies: its pending watches answer ``verdict``."""
+        for w in self.watches:
+            if w.broker == broker_id and w.token not in self.answers:
+                self.answers[w.token] = (True, verdict)
+
+    def pending_watches(self):
+        return sorted((w.broker, w.czxid) for w in self.watches if w.token not in self.answers)
 
     def answer(self, token, ok=True, value=None):
         self.answers[token] = (ok, value)
@@ -539,3 +587,543 @@ def test_a_new_controller_term_forgets_the_old_terms_requests():
     assert channel.in_flight() == [] and channel.can_send(0, UM, 1)
     req = channel.send(0, 11, UM, ({},), payload_key=1)
     assert transport.calls[-1].args[0] == 4 and req.controller_epoch == 4
+
+
+# -- unclean.leader.election.enable per topic --------------------------------------------------
+@pytest.mark.parametrize("broker_default,topic_setting,expected_leader", [
+    (False, None, -1), (False, "true", 1), (True, None, 1), (True, "false", -1)])
+def test_the_topic_setting_of_unclean_election_wins_over_the_broker_default(
+        broker_default, topic_setting, expected_leader):
+    """unclean.leader.election.enable in the topic config decides whether an out-of-sync
+    replica may lead; without it, the broker default does."""
+    logic, store, _, _ = make(brokers=(1, 2), unclean=broker_default)
+    config = {} if topic_setting is None else {"unclean.leader.election.enable": topic_setting}
+    store.add_topic("t", {0: [0, 1, 2]}, config=config)
+    store.put_state("t", 0, 0, 3, [0])
+    logic.tick()
+    assert store.state("t")[0] == expected_leader
+
+
+def test_a_replica_outside_the_assignment_leaves_the_isr():
+    """The ISR only holds assigned replicas (after a reassignment a removed replica the
+    leader re-added goes); leader and epoch stay."""
+    logic, store, _, _ = make(brokers=(0, 1, 2, 3))
+    store.add_topic("t", {0: [0, 1, 2]})
+    store.put_state("t", 0, 0, 3, [0, 1, 2, 3])
+    logic.tick()
+    assert store.state("t") == (0, 3, [0, 1, 2])
+
+
+# -- AlterPartition -------------------------------------------------------------------------------
+# (id, ISR before (leader 0, epoch 5, version 2), live brokers, request (leader, epoch, new ISR,
+#  zk version), expected: an error class, or (ISR after, written?))
+ALTER_ROWS = [
+    ("a caught-up live follower joins: written with a new zk version",
+     [0, 1], {0, 1, 2}, (0, 5, [0, 1, 2], 2), ([0, 1, 2], True)),
+    ("a lagging follower leaves: written",
+     [0, 1, 2], {0, 1, 2}, (0, 5, [0, 2], 2), ([0, 2], True)),
+    ("an older leader epoch is fenced",
+     [0, 1], {0, 1, 2}, (0, 4, [0, 1, 2], 2), FencedLeaderEpochError),
+    ("a replica that is not the leader is fenced",
+     [0, 1], {0, 1, 2}, (1, 5, [0, 1, 2], 2), FencedLeaderEpochError),
+    ("a stale zk version is refused",
+     [0, 1], {0, 1, 2}, (0, 5, [0, 1, 2], 1), InvalidUpdateVersionError),
+    ("a stale zk version proposing what is already there answers the state (a retry)",
+     [0, 1, 2], {0, 1, 2}, (0, 5, [0, 1, 2], 1), ([0, 1, 2], False)),
+    ("a dead replica is not added",
+     [0, 1], {0, 1}, (0, 5, [0, 1, 2], 2), ([0, 1], False)),
+    ("the leader stays in the ISR even when the proposal leaves it out",
+     [0, 1, 2], {0, 1, 2}, (0, 5, [1], 2), ([0, 1], True)),
+    ("a replica outside the assignment is not added",
+     [0, 1], {0, 1, 2, 3}, (0, 5, [0, 1, 3], 2), ([0, 1], False)),
+    ("the same ISR again writes nothing",
+     [0, 1], {0, 1, 2}, (0, 5, [0, 1], 2), ([0, 1], False)),
+]
+
+
+@pytest.mark.parametrize("row", ALTER_ROWS, ids=[r[0] for r in ALTER_ROWS])
+def test_alter_partition_rules(row):
+    """Each row: how the controller answers a leader's ISR change (refusal, or the state it
+    writes and answers) for a given ISR, set of live brokers and request."""
+    _, isr, live, request, expected = row
+    logic, store, _, _ = make(brokers=sorted(live))
+    store.add_topic("t", {0: [0, 1, 2]})
+    store.states[("t", 0)] = (L.PartitionState(0, 5, tuple(isr), 1), 2)
+    logic.tick()                               # observes the live brokers
+    store.state_writes.clear()
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            logic.alter_partition("t", 0, *request)
+        assert store.state_writes == []
+        return
+    after, written = expected
+    answer = logic.alter_partition("t", 0, *request)
+    assert answer == {"leader": 0, "leader_epoch": 5, "isr": after,
+                      "zk_version": 3 if written else 2}
+    assert store.state("t") == (0, 5, after)
+    assert len(store.state_writes) == (1 if written else 0)
+
+
+def test_an_alter_partition_queued_from_another_thread_is_answered_by_the_loop():
+    """AlterPartition reaches the single-threaded logic through its queue: the submitter's
+    future is answered by handle_requests (the loop thread), a refusal as its error, and
+    requests left when the candidate stops being active answer NotControllerError."""
+    import threading
+    logic, store, _, _ = make()
+    store.add_topic("t", {0: [0, 1, 2]})
+    store.put_state("t", 0, 0, 5, [0, 1])
+    logic.tick()
+    futures = []
+    t = threading.Thread(target=lambda: futures.extend([
+        logic.submit_alter_partition("t", 0, 0, 5, [0, 1, 2], 0),
+        logic.submit_alter_partition("t", 0, 0, 4, [0], 0)]))
+    t.start()
+    t.join(5)
+    assert logic.wake.is_set() and not futures[0].done()
+    assert logic.handle_requests() == 2
+    assert futures[0].result(0)["isr"] == [0, 1, 2]
+    with pytest.raises(FencedLeaderEpochError):
+        futures[1].result(0)
+    late = logic.submit_alter_partition("t", 0, 0, 5, [0, 1], 1)
+    logic.fail_requests(NotControllerError("not active"))
+    with pytest.raises(NotControllerError):
+        late.result(0)
+
+
+def test_a_deposed_controller_answers_not_controller_and_steps_down():
+    """A write that finds the controller epoch moved answers NotControllerError to the
+    leader and raises ControllerMovedError so the loop steps down."""
+    logic, store, _, _ = make()
+    store.add_topic("t", {0: [0, 1, 2]})
+    store.put_state("t", 0, 0, 5, [0, 1])
+    logic.tick()
+
+    def moved(*_a, **_k):
+        raise ControllerMovedError("epoch moved")
+    store.update_partition_state = moved
+    future = logic.submit_alter_partition("t", 0, 0, 5, [0, 1, 2], 0)
+    with pytest.raises(ControllerMovedError):
+        logic.handle_requests()
+    with pytest.raises(NotControllerError):
+        future.result(0)
+
+
+def test_leader_and_isr_carries_the_zk_version_and_follows_an_isr_change():
+    """LeaderAndIsr entries carry the state's zk version; after an ISR change the replicas
+    get the new ISR and version (so the leader can propose again)."""
+    logic, store, transport, _ = make()
+    store.add_topic("t", {0: [0, 1, 2]})
+    logic.tick()
+    logic.tick()
+    assert {e["zk_version"] for c in transport.sent("leader_and_isr") for e in c.args[1]} == {0}
+    logic.alter_partition("t", 0, 0, 0, [0, 1], 0)
+    logic.tick()
+    latest = [c.args[1][0] for c in transport.sent("leader_and_isr")[-3:]]
+    assert [(e["isr"], e["zk_version"]) for e in latest] == [([0, 1], 1)] * 3
+
+
+# -- broker liveness from Ray --------------------------------------------------------------------
+def test_each_registered_broker_has_one_pending_watch():
+    """One await_stop watch per registered broker incarnation, not re-sent while pending."""
+    logic, store, transport, _ = make()
+    logic.tick()
+    logic.tick()
+    assert transport.pending_watches() == sorted(store.brokers.items())
+    assert len(transport.watches) == 3
+
+
+def test_a_killed_broker_loses_its_leaderships_while_its_znode_lingers():
+    """When a broker's actor dies (its watch fails), the next tick treats it as dead even
+    though its ephemeral registration is still there: its partitions get leaders from the
+    ISR, it leaves the ISRs and the metadata, and gets no requests."""
+    logic, store, transport, _ = make()
+    store.add_topic("t", {0: [1, 2, 0], 1: [2, 1, 0]})
+    logic.tick()
+    logic.tick()
+    transport.kill(1)
+    logic.tick()
+    assert 1 in store.brokers, "still registered in ZooKeeper"
+    assert store.state("t", 0) == (2, 1, [2, 0])
+    assert store.state("t", 1) == (2, 0, [2, 0])
+    n = len(transport.sent(broker=1))
+    logic.tick()
+    metadata = transport.sent("update_metadata")[-1].args[1]
+    assert set(metadata["brokers"]) == {0, 2}
+    assert len(transport.sent(broker=1)) == n
+    assert 1 not in [b for b, _ in transport.pending_watches()]
+
+
+@pytest.mark.parametrize("verdict", ["dead", "stopped", "gone"])
+def test_every_verdict_that_proves_an_incarnation_gone_marks_it_dead(verdict):
+    """A watch that answers dead (actor died), stopped (clean shutdown) or gone (another
+    incarnation answered) makes that incarnation dead."""
+    logic, store, transport, _ = make()
+    store.add_topic("t", {0: [1, 0]})
+    logic.tick()
+    transport.kill(1, verdict)
+    logic.tick()
+    assert store.state("t")[0] == 0
+
+
+def test_a_watch_that_runs_out_is_sent_again_and_the_broker_stays_live():
+    """A watch answering "running" (its timeout passed) is re-sent; nothing changes."""
+    logic, store, transport, _ = make()
+    store.add_topic("t", {0: [1, 0]})
+    logic.tick()
+    transport.kill(1, "running")
+    logic.tick()
+    assert store.state("t")[0] == 1
+    assert len([w for w in transport.watches if w.broker == 1]) == 2
+    assert (1, store.brokers[1]) in transport.pending_watches()
+
+
+def test_a_failed_watch_proves_nothing_and_is_retried_after_a_pause():
+    """A watch that fails without proving death (e.g. the GCS did not answer) leaves the
+    broker live and is sent again after WATCH_RETRY_S."""
+    logic, store, transport, clock = make()
+    store.add_topic("t", {0: [1, 0]})
+    logic.tick()
+    (w,) = [w for w in transport.watches if w.broker == 1]
+    transport.answers[w.token] = (False, TimeoutError("gcs"))
+    logic.tick()
+    assert store.state("t")[0] == 1
+    assert (1, store.brokers[1]) not in transport.pending_watches()
+    clock.now += WATCH_RETRY_S
+    logic.tick()
+    assert (1, store.brokers[1]) in transport.pending_watches()
+
+
+def test_a_dead_broker_that_registers_again_is_live_again():
+    """A new registration (new czxid) of a broker known dead makes it live: it is watched
+    again, rejoins as its partitions' ISR allows, and an offline partition it held in its
+    ISR comes back with it."""
+    logic, store, transport, _ = make()
+    store.add_topic("t", {0: [1]})
+    logic.tick()
+    transport.kill(1)
+    logic.tick()
+    assert store.state("t") == (-1, 1, [1])
+    store.register(1)
+    logic.tick()
+    assert store.state("t") == (1, 2, [1])
+    assert (1, store.brokers[1]) in transport.pending_watches()
+
+
+def test_the_metadata_summary_counts_offline_and_under_replicated_partitions():
+    """The metadata snapshot carries counts of partitions, offline ones (1: its only
+    replica is down), under-replicated ones (2: one replica down) and ones not led by their
+    preferred replica (3)."""
+    logic, store, transport, _ = make(brokers=(0, 1))
+    store.add_topic("t", {0: [0, 1], 1: [2], 2: [1, 2], 3: [0, 1]})
+    store.put_state("t", 1, 2, 0, [2])
+    store.put_state("t", 3, 1, 0, [0, 1])
+    logic.tick()
+    logic.tick()
+    metadata = transport.sent("update_metadata")[-1].args[1]
+    assert metadata["summary"] == {"partitions": 4, "offline_partitions": 1,
+                                   "under_replicated_partitions": 1,
+                                   "preferred_replica_imbalance": 1}
+
+
+# -- auto.leader.rebalance.enable ----------------------------------------------------------------
+def make_rebalancing(pct=10.0, enabled=True):
+    logic, store, transport, clock = make()
+    logic.auto_leader_rebalance = enabled
+    logic.imbalance_pct = pct
+    logic.imbalance_check_interval_s = 300.0
+    logic.activate(1, 7)
+    return logic, store, transport, clock
+
+
+# (id, states (leader, isr) of 4 partitions preferring broker 0, pct, enabled,
+#  leaders after the check)
+REBALANCE_ROWS = [
+    ("imbalance above the percentage: in-sync preferred replicas lead again",
+     [(1, [1, 0]), (1, [1, 0]), (0, [0, 1]), (0, [0, 1])], 10.0, True, [0, 0, 0, 0]),
+    ("imbalance at or below the percentage: nothing moves",
+     [(1, [1, 0]), (0, [0, 1]), (0, [0, 1]), (0, [0, 1])], 25.0, True, [1, 0, 0, 0]),
+    ("a preferred replica out of the ISR is not made leader",
+     [(1, [1]), (1, [1, 0]), (0, [0, 1]), (0, [0, 1])], 10.0, True, [1, 0, 0, 0]),
+    ("disabled: nothing moves",
+     [(1, [1, 0]), (1, [1, 0]), (0, [0, 1]), (0, [0, 1])], 10.0, False, [1, 1, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("row", REBALANCE_ROWS, ids=[r[0] for r in REBALANCE_ROWS])
+def test_auto_leader_rebalance_rules(row):
+    """Each row: which partitions the periodic imbalance check hands back to their
+    preferred replica (none before the check interval has passed)."""
+    _, states, pct, enabled, after = row
+    logic, store, _, clock = make_rebalancing(pct, enabled)
+    store.add_topic("t", {p: [0, 1] for p in range(4)})
+    for p, (leader, isr) in enumerate(states):
+        store.put_state("t", p, leader, 1, isr)
+    logic.tick()
+    assert [store.state("t", p)[0] for p in range(4)] == [s[0] for s in states]
+    clock.now += 300.0
+    logic.tick()
+    assert [store.state("t", p)[0] for p in range(4)] == after
+    for p in range(4):
+        moved = after[p] != states[p][0]
+        assert store.state("t", p)[1] == (2 if moved else 1), "a move bumps the epoch"
+
+
+# -- reassignment -----------------------------------------------------------------------------------
+def start_reassignment(replicas=(0, 1), target=(2, 3), brokers=(0, 1, 2, 3)):
+    logic, store, transport, clock = make(brokers=brokers)
+    store.add_topic("t", {0: list(replicas), 1: [0, 1]})
+    logic.tick()
+    logic.tick()
+    store.reassignment = {("t", 0): tuple(target)}
+    return logic, store, transport, clock
+
+
+def test_reassignment_first_adds_the_new_replicas_as_followers():
+    """Step 1: the assignment becomes target + old (so the new replicas start, as
+    followers, through LeaderAndIsr); leader and ISR are unchanged."""
+    logic, store, transport, _ = start_reassignment()
+    logic.tick()
+    assert store.replicas("t") == [2, 3, 0, 1]
+    assert store.state("t") == (0, 0, [0, 1])
+    for b in (2, 3):
+        (entry,) = [e for c in transport.sent("leader_and_isr", broker=b) for e in c.args[1]]
+        assert entry["leader"] == 0 and entry["replicas"] == [2, 3, 0, 1]
+    assert store.reassignment == {("t", 0): (2, 3)}
+
+
+def test_reassignment_waits_until_every_new_replica_is_in_the_isr():
+    """Step 2: while a target replica is not in the ISR nothing else happens."""
+    logic, store, transport, _ = start_reassignment()
+    logic.tick()
+    logic.alter_partition("t", 0, 0, 0, [0, 1, 2], 0)
+    logic.tick()
+    logic.tick()
+    assert store.replicas("t") == [2, 3, 0, 1]
+    assert store.state("t") == (0, 0, [0, 1, 2])
+    assert transport.sent("stop_replicas") == []
+
+
+def test_reassignment_moves_leadership_into_the_target_set():
+    """Step 3: once all target replicas are in the ISR, a leader outside the target set
+    hands over to the first target replica (epoch + 1)."""
+    logic, store, _, _ = start_reassignment()
+    logic.tick()
+    logic.alter_partition("t", 0, 0, 0, [0, 1, 2, 3], 0)
+    logic.tick()
+    assert store.state("t") == (2, 1, [0, 1, 2, 3])
+
+
+def test_reassignment_shrinks_the_isr_and_stops_the_removed_replicas_before_the_assignment():
+    """Step 4: the removed replicas leave the ISR, get StopReplica (delete) and no further
+    LeaderAndIsr; the assignment keeps them until their brokers answered."""
+    logic, store, transport, _ = start_reassignment()
+    logic.tick()
+    logic.alter_partition("t", 0, 0, 0, [0, 1, 2, 3], 0)
+    transport.silent = {0, 1}
+    logic.tick()                    # leader -> 2
+    logic.tick()                    # ISR -> [2, 3], StopReplica goes out once 0, 1 are free
+    for c in transport.sent(broker=0) + transport.sent(broker=1):
+        if c.token not in transport.answers:
+            transport.answer(c.token, True, transport._ok(c.broker, c.method, c.args))
+    logic.tick()
+    assert store.state("t") == (2, 1, [2, 3])
+    stops = transport.sent("stop_replicas")
+    assert sorted(c.broker for c in stops) == [0, 1]
+    assert all(c.args[1:3] == ([("t", 0)], True) for c in stops)
+    assert store.replicas("t") == [2, 3, 0, 1], "not before the removed replicas answered"
+    n0 = len(transport.sent("leader_and_isr", broker=0))
+    for c in stops:
+        transport.answer(c.token)
+    logic.tick()
+    assert store.replicas("t") == [2, 3]
+    assert store.reassignment is None, "the request is deleted once empty"
+    logic.tick()
+    lai0 = [e for c in transport.sent("leader_and_isr", broker=0)[n0:] for e in c.args[1]]
+    assert ("t", 0) not in [(e["topic"], e["partition"]) for e in lai0]
+
+
+def test_reassignment_keeps_the_entries_not_yet_done():
+    """A finished partition's entry leaves /admin/reassign_partitions; the others stay."""
+    logic, store, transport, _ = start_reassignment()
+    store.reassignment = {("t", 0): (2, 3), ("t", 1): (1, 0)}
+    logic.tick()
+    assert store.replicas("t", 1) == [1, 0]
+    assert store.reassignment == {("t", 0): (2, 3)}
+
+
+def test_reassignment_does_not_wait_for_a_dead_removed_broker():
+    """A removed replica on a broker that is not live gets no StopReplica and does not
+    hold the reassignment up."""
+    logic, store, transport, _ = start_reassignment(replicas=(0, 1), target=(0, 2))
+    logic.tick()
+    logic.alter_partition("t", 0, 0, 0, [0, 1, 2], 0)
+    store.unregister(1)
+    for _ in range(3):
+        logic.tick()
+    assert store.replicas("t") == [0, 2]
+    assert store.state("t") == (0, 0, [0, 2])
+    assert transport.sent("stop_replicas", broker=1) == []
+    assert store.reassignment is None
+
+
+def test_reassignment_of_a_deleted_topic_is_dropped():
+    """An entry whose partition no longer exists is removed without effect."""
+    logic, store, _, _ = start_reassignment()
+    store.reassignment = {("gone", 0): (1,)}
+    logic.tick()
+    assert store.reassignment is None
+
+
+def test_a_new_controller_resumes_a_reassignment_from_zookeeper():
+    """Each step is persisted before the next: a controller elected mid-way (a new term
+    that remembers nothing) carries on from the assignment and state it reads."""
+    logic, store, transport, _ = start_reassignment()
+    logic.tick()
+    logic.alter_partition("t", 0, 0, 0, [0, 1, 2, 3], 0)
+    logic.activate(2, 8)
+    for _ in range(4):
+        logic.tick()
+    assert store.replicas("t") == [2, 3]
+    assert store.state("t") == (2, 1, [2, 3])
+    assert store.reassignment is None
+
+
+# -- AdminManager.reassign_partitions ------------------------------------------------------------
+class AdminStore(FakeStore):
+    def get_topic_assignment(self, topic, *, watch=None):
+        if topic not in self.assignments:
+            raise NodeMissingError(topic)
+        return dict(self.assignments[topic][0]), 0
+
+    def request_reassignment(self, plan):
+        if self.reassignment is not None:
+            raise NodeAlreadyExistsError("reassign_partitions")
+        self.reassignment = dict(plan)
+
+
+PLAN_ROWS = [
+    ("Kafka's JSON shape", {"version": 1, "partitions": [
+        {"topic": "t", "partition": 0, "replicas": [1, 2]}]}, None),
+    ("a list of (topic, partition, replicas)", [("t", 0, [1, 2])], None),
+    ("a mapping (topic, partition) -> replicas", {("t", 0): [1, 2]}, None),
+    ("an unknown topic", [("u", 0, [1])], UnknownTopicOrPartitionError),
+    ("an unknown partition", [("t", 5, [1])], UnknownTopicOrPartitionError),
+    ("an unregistered broker", [("t", 0, [1, 9])], InvalidReplicaAssignmentError),
+    ("a duplicate broker", [("t", 0, [1, 1])], InvalidReplicaAssignmentError),
+    ("an empty replica list", [("t", 0, [])], InvalidReplicaAssignmentError),
+    ("a partition listed twice", [("t", 0, [1]), ("t", 0, [2])],
+     InvalidReplicaAssignmentError),
+    ("an empty plan", {"partitions": []}, InvalidReplicaAssignmentError),
+    ("a malformed entry", {"partitions": [{"topic": "t"}]}, InvalidReplicaAssignmentError),
+]
+
+
+@pytest.mark.parametrize("row", PLAN_ROWS, ids=[r[0] for r in PLAN_ROWS])
+def test_reassign_partitions_validation(row):
+    """Each row: a plan AdminManager.reassign_partitions writes, or the typed error it
+    refuses it with (nothing written)."""
+    from actors.server.admin_manager import AdminManager
+    _, plan, error = row
+    store = AdminStore()
+    store.register(0, 1, 2)
+    store.add_topic("t", {0: [0, 1]})
+    admin = AdminManager(store)
+    if error is not None:
+        with pytest.raises(error):
+            admin.reassign_partitions(plan)
+        assert store.reassignment is None
+        return
+    written = admin.reassign_partitions(plan)
+    assert store.reassignment == {("t", 0): (1, 2)}
+    assert written == {"version": 1, "partitions": [
+        {"topic": "t", "partition": 0, "replicas": [1, 2]}]}
+
+
+def test_a_second_reassignment_while_one_runs_is_refused():
+    """One reassignment at a time: ReassignmentInProgressError while the znode exists."""
+    from actors.server.admin_manager import AdminManager
+    store = AdminStore()
+    store.register(0, 1, 2)
+    store.add_topic("t", {0: [0, 1]})
+    admin = AdminManager(store)
+    admin.reassign_partitions([("t", 0, [1, 2])])
+    with pytest.raises(ReassignmentInProgressError):
+        admin.reassign_partitions([("t", 0, [2, 0])])
+    assert store.reassignment == {("t", 0): (1, 2)}
+
+
+def test_a_second_reassignment_stops_a_replica_removed_before_again():
+    """What a finished reassignment recorded as stopped does not count for a later one:
+    removing the same replica again sends StopReplica again."""
+    logic, store, transport, _ = start_reassignment(replicas=(0, 1), target=(0,))
+    for _ in range(3):
+        logic.tick()
+    assert store.replicas("t") == [0] and len(transport.sent("stop_replicas", broker=1)) == 1
+    store.reassignment = {("t", 0): (0, 1)}
+    logic.tick()
+    logic.alter_partition("t", 0, 0, 0, [0, 1], store.states[("t", 0)][1])
+    logic.tick()
+    assert store.replicas("t") == [0, 1] and store.reassignment is None
+    store.reassignment = {("t", 0): (0,)}
+    for _ in range(3):
+        logic.tick()
+    assert store.replicas("t") == [0]
+    assert len(transport.sent("stop_replicas", broker=1)) == 2
+
+
+def test_a_broker_starting_removes_directories_of_partitions_moved_off_it(tmp_path):
+    """At start-up a broker removes the directory of a partition no longer assigned to it
+    (a reassignment finished while it was down) and keeps the ones it hosts."""
+    from actors.server.broker import Broker
+    store = FakeStore()
+    store.add_topic("t", {0: [1, 2], 1: [0, 1]})
+    for name in ("t-0", "t-1", "gone-0"):
+        (tmp_path / name).mkdir()
+    broker = Broker.__new__(Broker)
+    broker.broker_id, broker.data_dir, broker.store = 0, str(tmp_path), store
+    broker._remove_stale_partition_dirs()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-1"]
+
+
+def test_new_topics_and_reassignments_use_only_brokers_the_controller_counts_live():
+    """A broker that is still registered but dead to the controller (absent from the
+    metadata cache's brokers) gets no replica of a new topic and is refused as a
+    reassignment target; without a metadata cache yet, every registered broker counts."""
+    from actors.server.admin_manager import AdminManager
+
+    class Store(AdminStore):
+        created = None
+
+        def get_brokers(self):
+            return {b: SimpleNamespace(rack=None) for b in self.brokers}
+
+        def create_topic(self, name, assignment, config):
+            self.created = assignment
+    store = Store()
+    store.register(0, 1, 2)
+    store.add_topic("t", {0: [0]})
+    admin = AdminManager(store, live_brokers=lambda: {0, 1})
+    placed = admin.create_topic("n", 6, 2, None)
+    assert {b for r in placed.values() for b in r} == {0, 1}
+    with pytest.raises(InvalidReplicationFactorError):
+        admin.create_topic("m", 1, 3, None)
+    with pytest.raises(InvalidReplicaAssignmentError):
+        admin.reassign_partitions([("t", 0, [2])])
+    assert AdminManager(store, live_brokers=lambda: None).create_topic("k", 1, 3, None)
+
+
+def test_an_isr_only_change_does_not_wait_for_a_silent_follower_to_reach_clients():
+    """Metadata waits for LeaderAndIsr answers only when they move a leader or epoch: a
+    follower leaving the ISR reaches clients while that (paused) follower's LeaderAndIsr
+    is still unanswered."""
+    logic, store, transport, _ = make()
+    store.add_topic("t", {0: [0, 1, 2]})
+    logic.tick()
+    logic.tick()
+    transport.silent = {2}
+    logic.alter_partition("t", 0, 0, 0, [0, 1], 0)
+    logic.tick()
+    assert transport.sent("leader_and_isr", broker=2)[-1].token not in transport.answers
+    logic.tick()
+    metadata = transport.sent("update_metadata")[-1].args[1]
+    assert metadata["topics"]["t"][0]["isr"] == [0, 1]

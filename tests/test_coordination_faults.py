@@ -73,6 +73,29 @@ def test_registration_comes_back_after_session_expiry(zk_server, clients):
     reg.close()
 
 
+def test_the_fencing_hook_runs_before_the_registration_comes_back(zk_server, clients):
+    """After a session expiry, ``before_reregister`` (the broker fences its replicas there)
+    runs once the old registration is gone and before the new one exists, and not at the
+    first registration; the registration then records the new czxid."""
+    zk = clients()
+    seen = []
+    path = clients.root + "/brokers/ids/6"
+
+    def hook():
+        seen.append(_owner(zk_server, path))
+    reg = BrokerRegistration(zk, L.BrokerInfo(broker_id=6, host="h", port=1),
+                             before_reregister=hook)
+    reg.start(timeout_s=10)
+    first = reg.czxid
+    assert seen == [] and first is not None
+    old_session = expire_session(zk_server.hosts, zk.kazoo)
+    wait_until(lambda: zk.session_id not in (None, old_session) and reg.registered,
+               timeout_s=20, what="re-registration in a new session")
+    assert seen and seen[0] is None, "the hook ran while no registration existed"
+    assert reg.czxid is not None and reg.czxid != first
+    reg.close()
+
+
 def test_controller_resigns_on_session_loss_and_a_new_epoch_follows(zk_server, clients):
     """Expiring the active controller's session drops its role (on_resigned); a controller
     (the other candidate, or itself in its new session) then holds epoch 2."""

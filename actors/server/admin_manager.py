@@ -20,13 +20,15 @@ from coordination.placement import assign_replicas_to_brokers
 from coordination.store import ZkStore
 from storage import LogConfig
 
-from ..errors import (InvalidPartitionsError, InvalidReplicationFactorError, InvalidTopicError,
-                      TopicAlreadyExistsError, UnknownTopicOrPartitionError,
-                      ZooKeeperUnavailableError)
+from ..errors import (InvalidPartitionsError, InvalidReplicaAssignmentError,
+                      InvalidReplicationFactorError, InvalidTopicError,
+                      ReassignmentInProgressError, TopicAlreadyExistsError,
+                      UnknownTopicOrPartitionError, ZooKeeperUnavailableError)
 from ..protocol import validate_topic_name
 
-# Topic settings that are not log settings (the replica applies them itself).
-NON_LOG_TOPIC_CONFIGS = {"min.insync.replicas"}
+# Topic settings that are not log settings (the replica applies min.insync.replicas itself;
+# the controller reads unclean.leader.election.enable).
+NON_LOG_TOPIC_CONFIGS = {"min.insync.replicas", "unclean.leader.election.enable"}
 
 
 def _zk_errors(method):
@@ -53,9 +55,24 @@ class AdminManager:
     """Admin requests of one broker, written to ZooKeeper. Thread-safe (ZooKeeper orders
     concurrent writers; creation is one multi-op)."""
 
-    def __init__(self, store: ZkStore, wake_controller: Callable[[], None] = lambda: None):
+    def __init__(self, store: ZkStore, wake_controller: Callable[[], None] = lambda: None,
+                 live_brokers: Callable[[], set[int] | None] = lambda: None):
         self.store = store
         self.wake_controller = wake_controller
+        # the controller's view of live brokers (the broker's metadata cache), None before it
+        # has one: a broker killed outright stays registered until its session expires, but
+        # is dead to the controller at once, and nothing new is placed on it (Kafka places
+        # on the metadata cache's alive brokers)
+        self.live_brokers = live_brokers
+
+    def _alive(self, registered):
+        """The registered brokers the controller also counts as live."""
+        live = self.live_brokers()
+        if not live:
+            return registered
+        if isinstance(registered, dict):
+            return {b: v for b, v in registered.items() if b in live}
+        return [b for b in registered if b in live]
 
     @_zk_errors
     def create_topic(self, name: str, partitions: int, replication_factor: int,
@@ -80,7 +97,7 @@ class AdminManager:
                 raise InvalidTopicError(
                     f"topic {name!r} collides with existing topic {other!r} ('.' and '_' "
                     f"map to the same metric names in Kafka)")
-        brokers = self.store.get_brokers()
+        brokers = self._alive(self.store.get_brokers())
         if replication_factor > len(brokers):
             raise InvalidReplicationFactorError(
                 f"replication factor {replication_factor} is larger than the {len(brokers)} "
@@ -140,3 +157,91 @@ class AdminManager:
         except NodeAlreadyExistsError:
             pass  # one is in progress; the caller waits and asks again if needed
         self.wake_controller()
+
+    @_zk_errors
+    def reassign_partitions(self, plan) -> dict:
+        """Validate a reassignment and write /admin/reassign_partitions (the controller
+        carries it out). ``plan`` is Kafka's JSON shape ``{"partitions": [{"topic",
+        "partition", "replicas"}, ...]}`` (``"version"`` optional), or a list of
+        ``(topic, partition, replicas)``, or a mapping ``{(topic, partition): replicas}``.
+
+        UnknownTopicOrPartitionError for a partition that does not exist;
+        InvalidReplicaAssignmentError for an empty plan, a partition listed twice, an empty
+        or duplicated replica list, or a broker that is not registered;
+        ReassignmentInProgressError while another reassignment runs (one at a time, as in
+        Kafka's ZooKeeper mode). Returns the plan as written (Kafka's JSON shape)."""
+        entries = _plan_entries(plan)
+        if not entries:
+            raise InvalidReplicaAssignmentError("the reassignment plan lists no partition")
+        brokers = set(self._alive(self.store.broker_ids()))
+        assignments: dict[str, dict] = {}
+        out: dict[tuple[str, int], tuple[int, ...]] = {}
+        for topic, partition, replicas in entries:
+            validate_topic_name(topic)
+            if (topic, partition) in out:
+                raise InvalidReplicaAssignmentError(
+                    f"{topic}-{partition} is listed twice in the reassignment plan")
+            if topic not in assignments:
+                try:
+                    assignments[topic] = self.store.get_topic_assignment(topic)[0]
+                except NodeMissingError:
+                    raise UnknownTopicOrPartitionError(
+                        f"topic {topic!r} does not exist") from None
+            if partition not in assignments[topic]:
+                raise UnknownTopicOrPartitionError(f"{topic}-{partition} does not exist")
+            if len(replicas) < 1:
+                raise InvalidReplicaAssignmentError(
+                    f"{topic}-{partition}: the replica list is empty")
+            if len(set(replicas)) != len(replicas):
+                raise InvalidReplicaAssignmentError(
+                    f"{topic}-{partition}: duplicate brokers in {list(replicas)}")
+            unknown = sorted(set(replicas) - brokers)
+            if unknown:
+                raise InvalidReplicaAssignmentError(
+                    f"{topic}-{partition}: brokers {unknown} are not registered (live "
+                    f"brokers: {sorted(brokers)})")
+            out[(topic, partition)] = tuple(replicas)
+        try:
+            self.store.request_reassignment(out)
+        except NodeAlreadyExistsError:
+            raise ReassignmentInProgressError(
+                "a partition reassignment is already in progress; wait for it to finish"
+            ) from None
+        self.wake_controller()
+        return _plan_json(out)
+
+    @_zk_errors
+    def reassignment_in_progress(self) -> dict:
+        """The pending plan in Kafka's JSON shape (``"partitions"`` empty when none)."""
+        return _plan_json(self.store.get_reassignment() or {})
+
+
+def _plan_json(plan: dict) -> dict:
+    return {"version": 1, "partitions": [
+        {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(plan.items())]}
+
+
+def _plan_entries(plan) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(topic, partition, replicas) of each entry of a plan in any accepted shape
+    (see ``AdminManager.reassign_partitions``); InvalidReplicaAssignmentError otherwise."""
+    try:
+        if isinstance(plan, dict) and "partitions" in plan:
+            raw = [(e["topic"], e["partition"], e["replicas"]) for e in plan["partitions"]]
+        elif isinstance(plan, dict):
+            raw = [(t, p, r) for (t, p), r in plan.items()]
+        else:
+            raw = [tuple(e) for e in plan]
+        out = []
+        for topic, partition, replicas in raw:
+            if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+                raise ValueError(f"partition {partition!r}")
+            if isinstance(replicas, (str, bytes)) or any(
+                    isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in replicas):
+                raise ValueError(f"replicas {replicas!r}")
+            out.append((topic, partition, tuple(replicas)))
+        return out
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidReplicaAssignmentError(
+            f"a reassignment plan is {{'partitions': [{{'topic', 'partition', 'replicas'}}]}}, "
+            f"[(topic, partition, replicas)] or {{(topic, partition): replicas}}: {exc}"
+        ) from None

@@ -26,6 +26,7 @@ import time
 import ray
 
 from coordination import zk_layout as L
+from coordination.election import read_controller
 from coordination.errors import BrokerIdInUseError as ZkBrokerIdInUseError
 from coordination.errors import CoordinationError, NodeMissingError, ZkUnavailableError
 from coordination.registry import BrokerRegistration
@@ -34,14 +35,22 @@ from coordination.store import ZkStore
 from storage.checkpoint import write_atomic
 
 from .. import raycompat
-from ..errors import (BrokerIdInUseError, InconsistentClusterIdError, ZooKeeperUnavailableError)
-from ..protocol import broker_actor_name, controller_actor_name
+from ..errors import (BrokerIdInUseError, InconsistentClusterIdError, NotControllerError,
+                      RequestTimedOutError, ZooKeeperUnavailableError)
+from ..protocol import broker_actor_name, controller_actor_name, unwrap
 from .admin_manager import AdminManager
 from .controller import Controller
 from .replica import read_partition_topic_id
 from .replica_manager import RayReplicaActors, ReplicaManager, topic_log_defaults  # noqa: F401
 
 log = logging.getLogger(__name__)
+
+#: How long a forwarded ISR change waits for the controller. Short: a paused controller
+#: must not hold a leader's proposal long after another controller took over (the replica
+#: proposes again 1 s later; a retry of a change that did land is answered as written).
+ALTER_PARTITION_TIMEOUT_S = 5.0
+#: How long fencing the replicas may hold up registering again after a session loss.
+FENCE_TIMEOUT_S = 10.0
 
 
 def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> None:
@@ -71,6 +80,11 @@ def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> N
                        f"cluster.id={cluster_id}\n")
 
 
+def _own_process(_actor) -> tuple[int, str]:
+    """(pid, Ray node id) of the actor it runs in (through ``__ray_call__``)."""
+    return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
 class Broker:
     """One broker (see the module docstring). A threaded actor: requests run concurrently."""
 
@@ -95,6 +109,7 @@ class Broker:
         self.registration = None
         self.controller = None
         self._stopping = threading.Event()
+        self._controller_cache = None                   # (broker id, Controller handle)
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -120,7 +135,8 @@ class Broker:
         except InconsistentClusterIdError:
             self.zk.close()
             raise
-        self.admin = AdminManager(self.store, wake_controller=self._wake_controller)
+        self.admin = AdminManager(self.store, wake_controller=self._wake_controller,
+                                  live_brokers=self._live_brokers)
         host = "127.0.0.1"
         try:
             host = ray.util.get_node_ip_address()
@@ -131,7 +147,8 @@ class Broker:
                             endpoints=(f"RAY://{host}/{self.namespace}/{broker_actor_name(self.broker_id)}",))
         deadline = time.monotonic() + wait_for_stale_s
         while True:
-            self.registration = BrokerRegistration(self.zk, info)
+            self.registration = BrokerRegistration(self.zk, info,
+                                                   before_reregister=self._fence_replicas)
             try:
                 self.registration.start(timeout_s=10.0)
                 break
@@ -153,29 +170,34 @@ class Broker:
 
     def _remove_stale_partition_dirs(self) -> None:
         """Directories of topics deleted while this broker was down go now: those of topics
-        that no longer exist, and those whose partition.metadata names an earlier
-        incarnation of a topic that was deleted and created again meanwhile."""
-        dirs = [(name, m.group(1)) for name in os.listdir(self.data_dir)
+        that no longer exist, those whose partition.metadata names an earlier incarnation
+        of a topic that was deleted and created again meanwhile, and those of partitions a
+        reassignment moved off this broker while it was down (it got no StopReplica)."""
+        dirs = [(name, m.group(1), int(m.group(2))) for name in os.listdir(self.data_dir)
                 if (m := re.match(r"^(.+)-(\d+)$", name))]
         try:
             existing = set(self.store.topics())
-            current = {}                     # topic id of each topic that has a dir here
-            for topic in {t for _, t in dirs} & existing:
+            current = {}                     # (assignment, topic id) of topics with a dir here
+            for topic in {t for _, t, _ in dirs} & existing:
                 try:
-                    current[topic] = self.store.get_topic(topic)[2]
+                    assignment, _, topic_id = self.store.get_topic(topic)
+                    current[topic] = (assignment, topic_id)
                 except NodeMissingError:
                     pass                     # deleted meanwhile: its dirs are stale
         except CoordinationError:
             return
-        for name, topic in dirs:
+        for name, topic, partition in dirs:
             path = os.path.join(self.data_dir, name)
             if topic not in current:
-                stale = True
+                stale, why = True, "its topic was deleted"
             else:
+                assignment, topic_id = current[topic]
                 found = read_partition_topic_id(path)
-                stale = found is not None and found != current[topic]
+                stale, why = found is not None and found != topic_id, "its topic was deleted"
+                if not stale and self.broker_id not in assignment.get(partition, ()):
+                    stale, why = True, "it was reassigned to other brokers"
             if stale:
-                log.info("broker %d: removing %s (its topic was deleted)", self.broker_id, path)
+                log.info("broker %d: removing %s (%s)", self.broker_id, path, why)
                 shutil.rmtree(path, ignore_errors=True)
 
     def _start_controller(self):
@@ -184,7 +206,8 @@ class Broker:
             try:
                 return ray.remote(Controller).options(
                     name=controller_actor_name(self.broker_id), namespace=self.namespace, num_cpus=0,
-                    max_concurrency=4, scheduling_strategy=raycompat.this_node(),
+                    # alter_partition calls wait on the loop thread: room for many leaders
+                    max_concurrency=32, scheduling_strategy=raycompat.this_node(),
                 ).remote(self.broker_id, self.conf)
             except ValueError:  # the dead predecessor's name is not released yet
                 if time.monotonic() > deadline:
@@ -215,6 +238,35 @@ class Broker:
     def controller_handle(self):
         return self.controller
 
+    def _fence_replicas(self) -> None:
+        """The ZooKeeper session this broker registered with is gone (expired): whatever
+        it led may have a new leader by now, so every hosted replica stops acknowledging
+        until the controller's next LeaderAndIsr (sent once we are registered again; the
+        registration waits for this)."""
+        log.warning("broker %d: ZooKeeper session lost; fencing its replicas", self.broker_id)
+        self.replica_manager.fence_replicas(FENCE_TIMEOUT_S)
+
+    def await_stop(self, broker_epoch: int | None = None,
+                   timeout_s: float = 30.0) -> str:
+        """The controller's watch on this broker (one pending call per live broker; Ray
+        fails it with RayActorError the moment this actor dies). Answers "stopped" once
+        the broker shuts down, "gone" at once when ``broker_epoch`` (a registration czxid)
+        is not this broker's current registration (a previous incarnation's, or one its
+        session lost), else "running" after ``timeout_s`` (the controller asks again)."""
+        if self._stopping.is_set():
+            return "stopped"
+        if broker_epoch is not None and not self._owns_registration(broker_epoch):
+            return "gone"
+        return "stopped" if self._stopping.wait(min(float(timeout_s), 300.0)) else "running"
+
+    def _owns_registration(self, czxid: int) -> bool:
+        """Is /brokers/ids/<id> with this czxid held by this broker's current session?"""
+        if self.zk is None:
+            return False
+        stat = self.zk.exists(L.broker_path(self.broker_id))
+        return (stat is not None and stat.czxid == czxid
+                and stat.ephemeralOwner == self.zk.session_id)
+
     def ping(self) -> int:
         return self.broker_id
 
@@ -227,6 +279,29 @@ class Broker:
         items = list(self.replica_manager.handles().items())
         answers = self.replica_manager.actors.node_ids([h for _, h in items])
         return {f"{t}-{p}": node for ((t, p), _), (ok, node) in zip(items, answers) if ok}
+
+    def pids(self, timeout_s: float = 30.0) -> list[dict]:
+        """Every process of this broker, for ``Cluster.pause_broker`` (SIGSTOP/SIGCONT):
+        ``{"role": "broker"|"controller"|"replica", "name", "pid", "node_id"}`` for this
+        actor, its controller candidate and each hosted replica. An actor that does not
+        answer within ``timeout_s`` (dead, or being replaced) is left out."""
+        here = ray.get_runtime_context().get_node_id()
+        out = [{"role": "broker", "name": broker_actor_name(self.broker_id),
+                "pid": os.getpid(), "node_id": here}]
+        asked = []
+        if self.controller is not None:
+            asked.append(("controller", controller_actor_name(self.broker_id), self.controller))
+        for (topic, p), handle in self.replica_manager.handles().items():
+            asked.append(("replica", f"{topic}-{p}", handle))
+        refs = [h.__ray_call__.remote(_own_process) for _, _, h in asked]
+        deadline = time.monotonic() + timeout_s
+        for (role, name, _), ref in zip(asked, refs):
+            try:
+                pid, node = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001))
+            except Exception:  # noqa: BLE001 - a dead or stuck actor has no process to pause
+                continue
+            out.append({"role": role, "name": name, "pid": pid, "node_id": node})
+        return out
 
     def shutdown(self) -> None:
         """A clean stop: controller role handed over, logs closed, registration removed."""
@@ -288,6 +363,78 @@ class Broker:
     def get_metadata(self) -> dict:
         return self.metadata
 
+    def metadata_summary(self) -> dict:
+        """For status displays, from this broker's metadata cache: the controller, live
+        brokers, counts (partitions, offline, under-replicated, preferred-replica
+        imbalance) and which partitions are offline or under-replicated."""
+        with self._lock:
+            metadata = self.metadata
+        offline, under = [], []
+        for topic, parts in sorted(metadata.get("topics", {}).items()):
+            for p, part in sorted(parts.items(), key=lambda kv: int(kv[0])):
+                if part["leader"] < 0:
+                    offline.append((topic, int(p)))
+                if len(part["isr"]) < len(part["replicas"]):
+                    under.append((topic, int(p)))
+        return {"controller_id": metadata.get("controller_id", -1),
+                "controller_epoch": metadata.get("controller_epoch", 0),
+                "brokers": sorted(metadata.get("brokers", {})),
+                **metadata.get("summary", {}),
+                "offline": offline, "under_replicated": under}
+
+    # -- AlterPartition: a hosted leader's ISR change, forwarded to the active controller -------
+    def alter_partition(self, topic: str, partition: int, leader_id: int, leader_epoch: int,
+                        new_isr: list[int], zk_version: int) -> dict:
+        """Forward to the active controller (found from the metadata cache, else from
+        ZooKeeper's /controller) and answer its ``{leader, leader_epoch, isr, zk_version}``.
+        Raises what it raises (FencedLeaderEpochError, InvalidUpdateVersionError), or
+        NotControllerError (retriable) when no controller is active."""
+        last: BaseException | None = None
+        for fresh in (False, True):
+            handle = self._active_controller(fresh)
+            if handle is None:
+                last = NotControllerError("no active controller")
+                continue
+            try:
+                return ray.get(handle.alter_partition.remote(
+                    topic, partition, leader_id, leader_epoch, list(new_isr), zk_version),
+                    timeout=ALTER_PARTITION_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise RequestTimedOutError(
+                    f"broker {self.broker_id}: the controller did not answer the ISR change "
+                    f"of {topic}-{partition} within {ALTER_PARTITION_TIMEOUT_S}s") from None
+            except Exception as exc:  # noqa: BLE001 - typed refusals pass through unwrapped
+                error = unwrap(exc)
+                if not isinstance(error, (NotControllerError, ray.exceptions.RayActorError)):
+                    raise error from None
+                last = error
+                with self._lock:
+                    self._controller_cache = None
+        raise NotControllerError(f"broker {self.broker_id}: no active controller ({last})")
+
+    def _active_controller(self, fresh: bool):
+        """The active controller's actor handle (cached until it fails), or None."""
+        with self._lock:
+            cached = self._controller_cache
+            cid = self.metadata.get("controller_id", -1)
+        if cached is not None and not fresh and cached[0] == cid:
+            return cached[1]
+        if fresh or cid < 0:
+            try:
+                info = read_controller(self.zk) if self.zk is not None else None
+            except Exception:  # noqa: BLE001 - ZooKeeper trouble: no controller known
+                return None
+            cid = info.broker_id if info is not None else -1
+        if cid < 0:
+            return None
+        try:
+            handle = ray.get_actor(controller_actor_name(cid), namespace=self.namespace)
+        except ValueError:
+            return None
+        with self._lock:
+            self._controller_cache = (cid, handle)
+        return handle
+
     # -- admin requests (written to ZooKeeper; the controller acts on them) ----------------------
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      config: dict | None) -> dict:
@@ -310,6 +457,22 @@ class Broker:
 
     def elect_preferred_leaders(self, partitions: list) -> None:
         self.admin.elect_preferred_leaders(partitions)
+
+    def reassign_partitions(self, plan) -> dict:
+        """Start a partition reassignment (see ``AdminManager.reassign_partitions`` for the
+        plan's accepted forms and the errors); returns the plan as written."""
+        return self.admin.reassign_partitions(plan)
+
+    def reassignment_in_progress(self) -> dict:
+        """The pending /admin/reassign_partitions plan (``{"version": 1, "partitions":
+        [...]}``, empty when none)."""
+        return self.admin.reassignment_in_progress()
+
+    def _live_brokers(self) -> set[int] | None:
+        """Live brokers as the controller last told this broker (None before it did)."""
+        with self._lock:
+            brokers = self.metadata.get("brokers") or {}
+        return {int(b) for b in brokers} or None
 
     def _wake_controller(self) -> None:
         """Nudge the active controller (fire and forget; its watches would wake it too)."""

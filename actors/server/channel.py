@@ -52,6 +52,10 @@ class RequestKind(str, enum.Enum):
 
 #: How long an answer may take before the request counts as lost. LeaderAndIsr may start
 #: replica actors (seconds on a loaded machine); StopReplica closes logs and deletes data.
+#: How long one broker watch (``Broker.await_stop``) waits before it answers "running" and
+#: is sent again: bounds the Broker threads a deposed controller's watches hold.
+WATCH_TIMEOUT_S = 30.0
+
 REQUEST_TIMEOUT_S = {RequestKind.LEADER_AND_ISR: 30.0, RequestKind.UPDATE_METADATA: 10.0,
                      RequestKind.STOP_REPLICA: 30.0}
 
@@ -81,6 +85,13 @@ class Transport(Protocol):
 
     def forget(self, token) -> None:
         """The caller no longer waits for ``token`` (it timed out)."""
+
+    def watch(self, broker_id: int, broker_epoch: int) -> Any:
+        """Start the broker's ``await_stop(broker_epoch)`` (never blocks) and return a token
+        for ``poll``, which answers it ``(True, verdict)``: "running" (the watch ran out,
+        the broker is up), "stopped" (it shut down), "gone" (another incarnation answered)
+        or "dead" (the actor died or does not exist); ``(False, error)`` when nothing
+        could be concluded."""
 
 
 @dataclass
@@ -296,19 +307,45 @@ class RayBrokerTransport:
         except Exception as exc:  # noqa: BLE001 - no such actor (yet): a failed request
             self._handles.pop(broker_id, None)
             return _Call(broker_id, None, exc)
+        self._notify_on_answer(ref)
+        return _Call(broker_id, ref)
+
+    def watch(self, broker_id: int, broker_epoch: int) -> "_Call":
+        """``await_stop`` on a freshly looked-up handle (a cached one may be a previous
+        incarnation's). The watch is what makes a killed broker's death visible at once:
+        Ray fails the pending call with RayActorError when the actor dies."""
+        import ray
+        from ..protocol import broker_actor_name
+        try:
+            handle = ray.get_actor(broker_actor_name(broker_id), namespace=self.namespace)
+        except ValueError:
+            # registered in ZooKeeper, yet no actor of that name: it died
+            return _Call(broker_id, None, None, watch=True, verdict="dead")
+        except Exception as exc:  # noqa: BLE001 - the GCS did not answer: try again later
+            return _Call(broker_id, None, exc, watch=True)
+        self._handles[broker_id] = handle
+        try:
+            ref = handle.await_stop.remote(broker_epoch, WATCH_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001
+            return _Call(broker_id, None, exc, watch=True)
+        self._notify_on_answer(ref)
+        return _Call(broker_id, ref, watch=True)
+
+    def _notify_on_answer(self, ref) -> None:
         if self.on_answer is not None:
             try:
                 ref.future().add_done_callback(lambda _f: self.on_answer())
             except Exception:  # noqa: BLE001 - the periodic tick collects it anyway
                 pass
-        return _Call(broker_id, ref)
 
     def poll(self, tokens: list) -> dict:
         import ray
         out: dict = {}
         by_ref = {}
         for call in tokens:
-            if call.ref is None:
+            if call.verdict is not None:
+                out[call] = (True, call.verdict)
+            elif call.ref is None:
                 out[call] = (False, call.error)
             else:
                 by_ref[call.ref] = call
@@ -319,8 +356,11 @@ class RayBrokerTransport:
                     out[by_ref[ref]] = (True, ray.get(ref, timeout=0))
                 except Exception as exc:  # noqa: BLE001 - the broker's error is the answer
                     out[by_ref[ref]] = (False, exc)
-        for call, (ok, _) in out.items():
-            if not ok:   # a dead or restarted broker: look its name up again next time
+        for call, (ok, value) in list(out.items()):
+            if call.watch and not ok and _actor_died(value):
+                out[call] = (True, "dead")
+            if not ok or out[call] == (True, "dead"):
+                # a dead or restarted broker: look its name up again next time
                 self._handles.pop(call.broker_id, None)
         return out
 
@@ -328,10 +368,20 @@ class RayBrokerTransport:
         self._handles.pop(token.broker_id, None)
 
 
+def _actor_died(exc) -> bool:
+    """Did the call fail because its actor is dead (not merely unreachable for now)?"""
+    import ray.exceptions
+    return (isinstance(exc, ray.exceptions.RayActorError)
+            and not isinstance(exc, getattr(ray.exceptions, "ActorUnavailableError", ())))
+
+
 @dataclass(eq=False)
 class _Call:
-    """One broker call: its object ref, or the error that kept it from starting."""
+    """One broker call: its object ref, or the error that kept it from starting (or, for
+    a watch, the verdict already known without a call)."""
 
     broker_id: int
     ref: Any
     error: BaseException | None = None
+    watch: bool = False
+    verdict: str | None = None

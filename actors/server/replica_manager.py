@@ -64,7 +64,13 @@ def replica_settings(broker_config: dict, topic_config: dict) -> tuple[dict, int
     min_isr = int((topic_config or {}).get("min.insync.replicas",
                                            broker_config.get("min.insync.replicas", 1)))
     log_config.pop("min.insync.replicas", None)
+    log_config.pop("unclean.leader.election.enable", None)   # the controller's, not the log's
     return log_config, min_isr
+
+
+def replication_settings(broker_config: dict) -> dict:
+    """The broker's replica.* settings (Kafka's names) that its replicas run with (pure)."""
+    return {k: v for k, v in (broker_config or {}).items() if k.startswith("replica.")}
 
 
 class ReplicaActors(Protocol):
@@ -83,6 +89,8 @@ class ReplicaActors(Protocol):
                       ) -> list[tuple[bool, Any]]: ...
 
     def stop(self, topic: str, partition: int, handle, delete: bool) -> None: ...
+
+    def fence(self, handles: list, timeout_s: float) -> list[tuple[bool, Any]]: ...
 
 
 @dataclass
@@ -109,6 +117,10 @@ class ReplicaManager:
         self._stamps: dict[tuple[str, int], Stamp] = {}
         self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
         self.max_controller_epoch = 0
+        # the broker's replica.* settings reach the replicas it creates (lag time, fetch wait)
+        configure = getattr(actors, "configure_replication", None)
+        if configure is not None:
+            configure(replication_settings(self.broker_config))
 
     # -- fencing ---------------------------------------------------------------------------
     def fence(self, controller_epoch: int) -> None:
@@ -258,6 +270,12 @@ class ReplicaManager:
                     shutil.rmtree(partition_dir(self.data_dir, topic, partition),
                                   ignore_errors=True)
 
+    def fence_replicas(self, timeout_s: float) -> list[tuple[bool, Any]]:
+        """The broker's ZooKeeper session is gone: every hosted replica stops acknowledging
+        until its next LeaderAndIsr (``PartitionReplica.fence``). Answers per replica."""
+        handles = list(self.handles().values())
+        return self.actors.fence(handles, timeout_s) if handles else []
+
     def shutdown(self) -> None:
         """Stop every replica (logs closed, data kept)."""
         with self._lock:
@@ -286,17 +304,24 @@ class RayReplicaActors:
         self.namespace = namespace
         self.broker_id = broker_id
         self.data_dir = data_dir
+        self.replication_config: dict = {}
+
+    def configure_replication(self, replication_config: dict) -> None:
+        self.replication_config = dict(replication_config)
 
     def create(self, topic, partition, log_config, min_isr, topic_id):
-        import ray
         from .. import raycompat
-        from .replica import PartitionReplica
-        return ray.remote(PartitionReplica).options(
+        from .replica import ray_actor_class
+        # produce and admin calls in the default group (max_concurrency threads); follower
+        # and consumer fetches in groups of their own (replica.CONCURRENCY_GROUPS, declared
+        # by the class)
+        return ray_actor_class().options(
             name=replica_actor_name(topic, partition, self.broker_id),
             namespace=self.namespace, num_cpus=0, max_concurrency=8,
             scheduling_strategy=raycompat.this_node(),
         ).remote(topic, partition, self.broker_id, self.data_dir, log_config, min_isr,
-                 topic_id)
+                 topic_id, namespace=self.namespace,
+                 replication_config=self.replication_config)
 
     def wait_ready(self, handles, timeout_s):
         return _gather([h.ready.remote() for h in handles], timeout_s)
@@ -305,11 +330,13 @@ class RayReplicaActors:
         refs = []
         for handle, p, leader in calls:
             if leader:
-                refs.append(handle.become_leader.remote(p["leader_epoch"], p["isr"],
-                                                        p["replicas"]))
+                refs.append(handle.become_leader.remote(
+                    p["leader_epoch"], p["isr"], p["replicas"],
+                    zk_version=p.get("zk_version", -1)))
             else:
-                refs.append(handle.become_follower.remote(p["leader"], p["leader_epoch"],
-                                                          p["isr"], p["replicas"]))
+                refs.append(handle.become_follower.remote(
+                    p["leader"], p["leader_epoch"], p["isr"], p["replicas"],
+                    zk_version=p.get("zk_version", -1)))
         return _gather(refs, timeout_s)
 
     def update_config(self, calls, timeout_s):
@@ -326,6 +353,9 @@ class RayReplicaActors:
 
     def node_ids(self, handles, timeout_s=60.0):
         return _gather([h.node_id.remote() for h in handles], timeout_s)
+
+    def fence(self, handles, timeout_s):
+        return _gather([h.fence.remote() for h in handles], timeout_s)
 
     def _await_name_released(self, name: str, timeout_s: float = 30.0) -> None:
         import ray
