@@ -12,6 +12,14 @@ Namespaces keep clusters apart: Ray actor names live in the Ray namespace ``name
 ZooKeeper tree under the chroot ``/raykafka-<namespace>`` (or the one ``zk`` names: Kafka's
 ``host:port/chroot``), data under its own ``data_dir``. ``cluster.zk_hosts`` is that full
 connect string, chroot included.
+
+Fault injection (tests, drills): ``kill_broker`` / ``start_broker``, and ``pause_broker`` /
+``resume_broker``, Jepsen's pause: SIGSTOP / SIGCONT of every process of a broker (its Broker
+actor, controller candidate and replica actors, as ``Broker.pids`` names them), sent with
+``os.kill`` on this node and by a zero-CPU task pinned to the broker's node elsewhere. What
+was paused is recorded in the ClusterInfo actor, so exactly those processes are continued,
+by any handle on the cluster; ``shutdown`` continues paused brokers first, and
+``kill_broker`` SIGKILLs a paused broker's processes as they are.
 """
 
 from __future__ import annotations
@@ -19,20 +27,23 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 import time
 
 from coordination.zk_layout import split_connect, zookeeper_connect
 
 from . import raycompat
-from .errors import (ClusterNotFoundError, InvalidConfigurationError, KafkaError,
-                     KafkaTimeoutError)
-from .protocol import CLUSTER_INFO_ACTOR, broker_actor_name
+from .errors import (BrokerNotAvailableError, ClusterNotFoundError, IllegalStateError,
+                     InvalidConfigurationError, KafkaError, KafkaTimeoutError)
+from .protocol import (CLUSTER_INFO_ACTOR, broker_actor_name, controller_actor_name,
+                       replica_actor_name)
 from .server.nodes import place_brokers
 
 ray = raycompat.ray
 
 START_TIMEOUT_S = 120.0
+PAUSE_TIMEOUT_S = 30.0
 INFO_ACTOR = CLUSTER_INFO_ACTOR
 
 DEFAULT_BROKER_CONFIG = {
@@ -78,6 +89,55 @@ def _validate_config(config) -> dict:
             raise InvalidConfigurationError(f"{key} must be a positive integer, got "
                                             f"{out[key]!r}") from None
     return out
+
+
+def signal_pids(pids: list[int], signum: int, *, settle_s: float = 5.0) -> list[int]:
+    """Send ``signum`` to each of ``pids`` on this machine; the pids that got it (a process
+    that is gone is skipped). A signal is delivered asynchronously: for SIGSTOP this waits
+    (at most ``settle_s``) until each process shows as stopped, so that a paused broker is
+    paused when ``pause_broker`` returns."""
+    done = []
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            continue
+        done.append(pid)
+    if signum == signal.SIGSTOP:
+        deadline = time.monotonic() + settle_s
+        waiting = list(done)
+        while waiting and time.monotonic() < deadline:
+            waiting = [pid for pid in waiting if _proc_state(pid) not in ("T", "t", None)]
+            if waiting:
+                time.sleep(0.005)
+    return done
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of /proc/<pid>/stat ('T' stopped); None when gone or unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def signal_processes(procs: list[dict], signum: int, *,
+                     timeout_s: float = PAUSE_TIMEOUT_S) -> list[int]:
+    """Send ``signum`` to processes ``{"pid", "node_id"}`` (what ``Broker.pids`` answers):
+    with ``os.kill`` on this node, through a zero-CPU task pinned to the node elsewhere (a
+    pid means something only on its own machine). Returns the pids that got it."""
+    here = ray.get_runtime_context().get_node_id()
+    by_node: dict[str, list[int]] = {}
+    for proc in procs:
+        by_node.setdefault(proc["node_id"], []).append(int(proc["pid"]))
+    done = signal_pids(by_node.pop(here, []), signum)
+    remote = ray.remote(num_cpus=0)(signal_pids)
+    refs = [remote.options(scheduling_strategy=raycompat.on_node(node)).remote(pids, signum)
+            for node, pids in by_node.items()]
+    for answer in ray.get(refs, timeout=timeout_s):
+        done += answer
+    return done
 
 
 class Cluster:
@@ -252,17 +312,98 @@ class Cluster:
     # -- faults and restarts ---------------------------------------------------------------------------
     def kill_broker(self, broker_id: int) -> None:
         """Kill the broker actor abruptly: its replicas and controller die with it, its
-        ZooKeeper session is not closed (it expires after the session timeout)."""
+        ZooKeeper session is not closed (it expires after the session timeout). A paused
+        broker's processes are SIGKILLed as they are (never continued first)."""
         handle = self.broker(broker_id)
+        paused = self._paused()
+        procs = paused.pop(str(broker_id), None)
+        if procs is not None:
+            signal_processes(procs, signal.SIGKILL)
+            self._set_paused(paused)
+        # Ray ends a dead owner's actors asynchronously: a replica could outlive its broker
+        # for a moment and keep serving. Kill them together, as one process would die.
+        names = [broker_actor_name(broker_id), controller_actor_name(broker_id)]
+        names += self._replica_names_of(broker_id)
+        handles = []
+        for name in names[1:]:
+            try:
+                handles.append(ray.get_actor(name, namespace=self.namespace))
+            except ValueError:
+                pass
         ray.kill(handle, no_restart=True)
+        for h in handles:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
         self._brokers.pop(broker_id, None)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                ray.get_actor(broker_actor_name(broker_id), namespace=self.namespace)
-            except ValueError:
-                return
-            time.sleep(0.05)
+        while time.monotonic() < deadline and names:
+            for name in list(names):
+                try:
+                    ray.get_actor(name, namespace=self.namespace)
+                except ValueError:
+                    names.remove(name)
+            if names:
+                time.sleep(0.05)
+
+    def _replica_names_of(self, broker_id: int) -> list[str]:
+        """The replica actor names broker ``broker_id`` hosts, by the metadata's assignment."""
+        try:
+            topics = self.metadata.refresh().get("topics", {})
+        except KafkaError:
+            topics = self.metadata.snapshot().get("topics", {}) if self._metadata else {}
+        return [replica_actor_name(t, int(p), broker_id) for t, parts in topics.items()
+                for p, st in parts.items() if broker_id in st.get("replicas", ())]
+
+    def pause_broker(self, broker_id: int) -> list[dict]:
+        """SIGSTOP every process of broker ``broker_id`` (Jepsen's pause): its Broker actor,
+        its controller candidate and its replica actors, which stop answering (and stop
+        heart-beating ZooKeeper) until ``resume_broker``. Returns the processes paused
+        (``{"role", "name", "pid", "node_id"}``), as recorded for ``resume_broker``.
+        IllegalStateError if it is already paused; BrokerNotAvailableError if it is not
+        running."""
+        paused = self._paused()
+        if str(broker_id) in paused:
+            raise IllegalStateError(f"broker {broker_id} is already paused "
+                                    f"(resume_broker({broker_id}) first)")
+        try:
+            handle = self.broker(broker_id)
+            procs = ray.get(handle.pids.remote(), timeout=PAUSE_TIMEOUT_S * 2)
+        except (ValueError, ray.exceptions.RayActorError,
+                ray.exceptions.GetTimeoutError) as exc:
+            raise BrokerNotAvailableError(f"broker {broker_id} is not running or does not "
+                                          f"answer ({type(exc).__name__})") from None
+        # recorded before the signal: whatever happens next, resume knows what to continue
+        self._set_paused({**paused, str(broker_id): procs})
+        signal_processes(procs, signal.SIGSTOP)
+        return procs
+
+    def resume_broker(self, broker_id: int) -> list[dict]:
+        """SIGCONT exactly the processes ``pause_broker(broker_id)`` stopped; returns them.
+        IllegalStateError if the broker is not paused."""
+        paused = self._paused()
+        procs = paused.get(str(broker_id))
+        if procs is None:
+            raise IllegalStateError(f"broker {broker_id} is not paused")
+        signal_processes(procs, signal.SIGCONT)
+        self._set_paused({k: v for k, v in paused.items() if k != str(broker_id)})
+        return procs
+
+    def paused_brokers(self) -> list[int]:
+        """The brokers ``pause_broker`` stopped and nobody resumed yet."""
+        return sorted(int(b) for b in self._paused())
+
+    def _paused(self) -> dict[str, list[dict]]:
+        """broker id (str) -> its paused processes, as the ClusterInfo actor records them
+        (so any handle on the cluster, a ``Cluster.connect`` one too, can resume)."""
+        self.broker_ids()                      # re-reads the info actor
+        return dict(self._info.get("paused") or {})
+
+    def _set_paused(self, paused: dict) -> None:
+        self._info["paused"] = paused
+        if self._info_actor is not None:
+            ray.get(self._info_actor.update.remote(paused=paused), timeout=30)
 
     def start_broker(self, broker_id: int) -> None:
         """Start broker ``broker_id`` again on its old data dir (waiting out the session of
@@ -294,6 +435,7 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        self._resume_all()
         handles = []
         for bid in self._info.get("broker_ids", []):
             try:
@@ -320,6 +462,23 @@ class Cluster:
             self._zk_server.stop()
         if self._owned and self._info.get("own_data_dir"):
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _resume_all(self) -> None:
+        """Continue every paused broker (a stopped process cannot shut down cleanly)."""
+        try:
+            paused = self._paused()
+        except Exception:  # noqa: BLE001 - the info actor is gone: use what we knew
+            paused = dict(self._info.get("paused") or {})
+        for procs in paused.values():
+            try:
+                signal_processes(procs, signal.SIGCONT)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        if paused:
+            try:
+                self._set_paused({})
+            except Exception:  # noqa: BLE001
+                pass
 
     def _atexit(self) -> None:
         if not self._closed and self._zk_server is not None:

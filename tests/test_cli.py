@@ -152,6 +152,27 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
     assert_one_line_error(cli(daemon, "consume", "x", "--group", "g"), 2, "consumer groups")
 
 
+def test_reassign_moves_a_partition_and_status_counts_partitions_at_risk(daemon, tmp_path):
+    """`reassign PLAN.json` (Kafka's plan file) moves a partition to the other broker and
+    waits for it; `topics describe` then shows the new replica, and `status` prints the
+    partition totals with their under-replicated and offline counts."""
+    assert cli(daemon, "topics", "create", "cli-move", "--partitions", "1",
+               "--replication-factor", "1").returncode == 0
+    desc = cli(daemon, "topics", "describe", "cli-move").stdout.decode()
+    old = int(desc.split("Replicas: ")[1].split("\t")[0])
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "cli-move", "partition": 0, "replicas": [1 - old]}]}))
+    out = cli(daemon, "reassign", str(plan), timeout=300)
+    assert out.returncode == 0, out.stderr.decode()
+    assert "cli-move-0  replicas %d" % (1 - old) in out.stdout.decode()
+    desc = cli(daemon, "topics", "describe", "cli-move").stdout.decode()
+    assert "Replicas: %d\t" % (1 - old) in desc and "UnderReplicated: 0\tOffline: 0" in desc
+    status = cli(daemon, "status").stdout.decode()
+    assert " under-replicated, 0 offline)" in status
+    assert cli(daemon, "elect-leaders", "--topic", "cli-move").returncode == 0
+
+
 def test_perf_produce_and_consume_print_a_json_last_line(daemon):
     """`perf produce` and `perf consume` end with one JSON line carrying records_per_s,
     MB_per_s, p50_ms and p99_ms; --throughput paces the producer; consume reads what

@@ -65,3 +65,29 @@ def test_brokers_go_one_per_worker_node_with_their_replicas_and_controllers(ray_
             assert [r.value for r in consumer.fetch("spread", p, 0)] == [b"v%d" % p]
     finally:
         cluster.shutdown()
+
+
+def test_pause_signals_a_broker_on_another_node_through_a_task_pinned_there(ray_nodes,
+                                                                            tmp_path):
+    """The driver is on the head node and the brokers on workers: pause_broker stops the
+    broker's processes (state 'T') through a task on the broker's node, resume_broker
+    continues them, and the broker answers again."""
+    import psutil
+    head, workers = ray_nodes
+    cluster = Cluster.start(num_brokers=2, data_dir=str(tmp_path / "data"),
+                            namespace=unique_namespace("mnp"),
+                            config={"zookeeper.session.timeout.ms": 20000})
+    try:
+        assert ray.get_runtime_context().get_node_id() == head
+        procs = cluster.pause_broker(0)
+        try:
+            assert {p["node_id"] for p in procs} == {cluster.broker_node(0)} != {head}
+            assert all(psutil.Process(p["pid"]).status() == psutil.STATUS_STOPPED
+                       for p in procs)
+        finally:
+            cluster.resume_broker(0)
+        assert not any(psutil.Process(p["pid"]).status() == psutil.STATUS_STOPPED
+                       for p in procs)
+        assert ray.get(cluster.broker(0).ping.remote(), timeout=30) == 0
+    finally:
+        cluster.shutdown()

@@ -1,8 +1,14 @@
-"""Admin: topics and leadership, as API.md names them.
+"""Admin: topics, leadership and reassignment, as API.md names them.
 
 Requests go to any live broker, which validates them and writes ZooKeeper; the controller
 acts on what is written. Calls that change the cluster wait (with a timeout) until the change
-is visible in the metadata, so a topic is usable when ``create_topic`` returns.
+is visible in the metadata, so a topic is usable when ``create_topic`` returns and a
+reassignment is done when ``reassign_partitions`` returns.
+
+Partition health is read from the metadata alone (leader, isr, replicas of each partition),
+as Kafka's ``kafka-topics --describe --under-replicated-partitions / --unavailable-partitions``
+do: a partition is *offline* when it has no leader (-1), *under-replicated* when it has one
+but its ISR is smaller than its replica list (``partition_health``, ``health_summary``).
 """
 
 from __future__ import annotations
@@ -12,12 +18,122 @@ import time
 
 from .. import raycompat
 from ..protocol import validate_topic_name
-from ..errors import (KafkaError, KafkaTimeoutError, NoBrokersAvailable,
-                     UnknownTopicOrPartitionError)
+from ..errors import (IllegalArgumentError, IllegalStateError, InvalidReplicaAssignmentError,
+                      KafkaError, KafkaTimeoutError, NoBrokersAvailable,
+                      UnknownTopicOrPartitionError)
 
 ray = raycompat.ray
 
 ADMIN_TIMEOUT_S = 60.0
+REASSIGN_TIMEOUT_S = 300.0
+
+
+# -- partition health (pure: from one partition's metadata) ------------------------------------
+def partition_health(state: dict) -> dict:
+    """``{"offline": bool, "under_replicated": bool}`` of a partition's metadata
+    (``leader``, ``isr``, ``replicas``): offline without a leader; under-replicated with a
+    leader and an ISR smaller than the replica list."""
+    offline = state["leader"] < 0
+    return {"offline": offline,
+            "under_replicated": not offline and len(state["isr"]) < len(state["replicas"])}
+
+
+def health_summary(topics: dict) -> dict:
+    """Counts over a metadata snapshot's ``topics`` ({topic: {partition: state}}):
+    ``partitions``, ``under_replicated``, ``offline``."""
+    out = {"partitions": 0, "under_replicated": 0, "offline": 0}
+    for parts in topics.values():
+        for state in parts.values():
+            health = partition_health(state)
+            out["partitions"] += 1
+            out["under_replicated"] += health["under_replicated"]
+            out["offline"] += health["offline"]
+    return out
+
+
+# -- reassignment plans (pure) -------------------------------------------------------------------
+def parse_reassignment(plan) -> dict[tuple[str, int], list[int]]:
+    """``{(topic, partition): [broker ids]}`` from a plan given either that way or in
+    Kafka's JSON shape (``{"version": 1, "partitions": [{"topic", "partition",
+    "replicas", "log_dirs"?}]}``, what kafka-reassign-partitions reads), checked locally:
+    IllegalArgumentError for a wrong shape or type (a bool is not an int), InvalidTopicError
+    for a bad topic name, InvalidReplicaAssignmentError for an empty plan, a partition listed
+    twice, an empty replica list, a broker listed twice or a ``log_dirs`` other than "any"."""
+    if isinstance(plan, dict) and "partitions" in plan and not any(
+            isinstance(k, tuple) for k in plan):
+        entries = _json_entries(plan)
+    elif isinstance(plan, dict):
+        entries = []
+        for key, replicas in plan.items():
+            if not isinstance(key, tuple) or len(key) != 2:
+                raise IllegalArgumentError(f"a reassignment maps (topic, partition) to a list "
+                                           f"of broker ids; got the key {key!r}")
+            entries.append((key[0], key[1], replicas, None))
+    else:
+        raise IllegalArgumentError(f"a reassignment is a dict {{(topic, partition): [broker "
+                                   f"ids]}}, got {type(plan).__name__}")
+    if not entries:
+        raise InvalidReplicaAssignmentError("the reassignment lists no partition")
+    out: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, replicas, log_dirs in entries:
+        validate_topic_name(topic)
+        if not _is_int(partition) or partition < 0:
+            raise IllegalArgumentError(f"{topic}: partition must be an int >= 0, got "
+                                       f"{partition!r}")
+        where = f"{topic}-{partition}"
+        if (topic, partition) in out:
+            raise InvalidReplicaAssignmentError(f"{where} is listed twice")
+        if not isinstance(replicas, (list, tuple)) or \
+                not all(_is_int(b) and b >= 0 for b in replicas):
+            raise IllegalArgumentError(f"{where}: replicas must be a list of broker ids "
+                                       f"(ints >= 0), got {replicas!r}")
+        if not replicas:
+            raise InvalidReplicaAssignmentError(f"{where}: the replica list is empty")
+        if len(set(replicas)) != len(replicas):
+            raise InvalidReplicaAssignmentError(f"{where}: broker listed twice in "
+                                                f"{list(replicas)}")
+        if log_dirs is not None and (not isinstance(log_dirs, list) or
+                                     len(log_dirs) != len(replicas) or
+                                     any(d != "any" for d in log_dirs)):
+            raise InvalidReplicaAssignmentError(f"{where}: log_dirs must be \"any\" for each "
+                                                f"replica (one log dir per broker here), got "
+                                                f"{log_dirs!r}")
+        out[(topic, partition)] = list(replicas)
+    return out
+
+
+def reassignment_json(plan: dict[tuple[str, int], list[int]]) -> dict:
+    """Kafka's JSON shape of a parsed plan (what the broker's ``reassign_partitions``
+    takes)."""
+    return {"version": 1, "partitions": [
+        {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(plan.items())]}
+
+
+def _json_entries(plan: dict) -> list:
+    version = plan.get("version", 1)
+    if version != 1 or isinstance(version, bool):
+        raise IllegalArgumentError(f"reassignment version {version!r} is not supported "
+                                   f"(only 1)")
+    parts = plan["partitions"]
+    if not isinstance(parts, list):
+        raise IllegalArgumentError(f"\"partitions\" must be a list, got "
+                                   f"{type(parts).__name__}")
+    entries = []
+    for i, entry in enumerate(parts):
+        if not isinstance(entry, dict) or not {"topic", "partition", "replicas"} <= set(entry):
+            raise IllegalArgumentError(f"partitions[{i}] must be an object with \"topic\", "
+                                       f"\"partition\" and \"replicas\", got {entry!r}")
+        extra = set(entry) - {"topic", "partition", "replicas", "log_dirs"}
+        if extra:
+            raise IllegalArgumentError(f"partitions[{i}] has unknown fields "
+                                       f"{sorted(extra)}")
+        entries.append((entry["topic"], entry["partition"], entry["replicas"],
+                        entry.get("log_dirs")))
+    return entries
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Admin:
@@ -37,7 +153,12 @@ class Admin:
                 last = exc
                 continue
             try:
-                return ray.get(getattr(handle, method).remote(*args), timeout=self.timeout_s)
+                call = getattr(handle, method)
+            except AttributeError:
+                raise IllegalStateError(f"the brokers of this cluster do not take the "
+                                        f"{method!r} request (an older version?)") from None
+            try:
+                return ray.get(call.remote(*args), timeout=self.timeout_s)
             except KafkaError:
                 raise
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
@@ -84,7 +205,7 @@ class Admin:
             row = {"topic": name, "partition": p, "leader": st["leader"],
                    "replicas": list(st["replicas"]), "isr": list(st["isr"]),
                    "leader_epoch": st["leader_epoch"], "log_start_offset": None,
-                   "high_watermark": None, "log_end_offset": None}
+                   "high_watermark": None, "log_end_offset": None, **partition_health(st)}
             if st["leader"] >= 0:
                 try:
                     ref = self.cluster.metadata.leader(name, p)
@@ -119,10 +240,47 @@ class Admin:
                 raise KafkaTimeoutError(f"preferred leaders not elected for {pending[:5]}")
             time.sleep(0.1)
 
-    def reassign_partitions(self, plan: dict) -> None:
-        from ..errors import IllegalStateError
-        raise IllegalStateError("partition reassignment needs replication, which is not "
-                                "built yet")
+    def reassign_partitions(self, plan: dict, *, timeout_s: float = REASSIGN_TIMEOUT_S
+                            ) -> None:
+        """Move partitions to new replica sets: ``{(topic, partition): [broker ids]}`` (or
+        Kafka's JSON shape). Checked here first (``parse_reassignment``: types, duplicates,
+        topic names; unknown topics or partitions raise UnknownTopicOrPartitionError), then
+        by the broker (brokers that exist; ReassignmentInProgressError while another one
+        runs). Returns when the metadata shows every partition on its new replica set
+        (KafkaTimeoutError after ``timeout_s``): the new replicas caught up and the old ones
+        removed."""
+        moves = parse_reassignment(plan)
+        topics = self.cluster.metadata.refresh(newest=True).get("topics", {})
+        for topic, partition in moves:
+            if topic not in topics:
+                raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+            if partition not in topics[topic]:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no partition {partition} (partitions "
+                    f"0..{len(topics[topic]) - 1})")
+        self._call("reassign_partitions", reassignment_json(moves))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            snap = self.cluster.metadata.refresh(newest=True).get("topics", {})
+            pending = sorted(tp for tp, replicas in moves.items()
+                             if snap.get(tp[0], {}).get(tp[1], {}).get("replicas") != replicas)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"reassignment not done after {timeout_s}s for "
+                                        f"{pending[:5]}{' ...' if len(pending) > 5 else ''}")
+            time.sleep(0.1)
+
+    def cluster_health(self) -> dict:
+        """``health_summary`` of the whole cluster (partitions, under_replicated, offline)
+        plus ``partitions_at_risk``: ``[(topic, partition, "offline"|"under-replicated")]``."""
+        topics = self.cluster.metadata.refresh().get("topics", {})
+        out = health_summary(topics)
+        out["partitions_at_risk"] = [
+            (t, p, "offline" if h["offline"] else "under-replicated")
+            for t in sorted(topics) for p in sorted(topics[t])
+            for h in [partition_health(topics[t][p])] if h["offline"] or h["under_replicated"]]
+        return out
 
     # -- groups (consumer groups are built by a later issue) -----------------------------------
     def list_groups(self) -> list[str]:

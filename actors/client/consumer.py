@@ -3,7 +3,15 @@
 This is the consumer without a group (``group_id=None``): partitions come from ``assign``,
 or from ``subscribe`` (every partition of the matching topics, re-read as topics appear).
 Positions start per ``auto_offset_reset``; an out-of-range position is reset the same way.
-Fetches to all assigned partitions run in parallel, one request per partition per poll.
+
+Fetching is Kafka's long poll: each assigned partition has at most one fetch in flight, sent
+with ``max_wait_ms`` = min(time left in the ``poll``, ``fetch_max_wait_ms``) and
+``min_bytes`` = ``fetch_min_bytes``, so the leader holds it until data is committed (or the
+wait ends) and the consumer sees a record about one round trip after its commit, without
+polling the leader in a loop. ``poll`` returns as soon as any partition answers with
+records; fetches still waiting stay in flight for the next ``poll`` (never more than one per
+partition, so waiting requests do not pile up on a leader). A ``seek`` abandons its
+partition's fetch in flight (its answer, for the old position, is never used).
 
 Retries follow ``retry.RetryPolicy``: list_offsets (``position``, ``seek_to_*``) retries in
 the call; a fetch that fails retriably (a stale or dead leader, a timeout) invalidates the
@@ -26,8 +34,9 @@ from .. import raycompat
 from ..errors import (IllegalStateError, InvalidConfigurationError, OffsetOutOfRangeError,
                       UnknownTopicOrPartitionError)
 from ..protocol import unwrap
-from .config import validate_config
+from .config import positive_int, validate_config
 from .retry import RetryPolicy, final_error
+from .simple_consumer import fetch_remote
 
 ray = raycompat.ray
 
@@ -44,6 +53,8 @@ DEFAULTS = {
     "key_deserializer": None,
     "value_deserializer": None,
     "fetch_max_bytes": 1 << 20,
+    "fetch_max_wait_ms": 500,         # the leader holds a fetch up to this long (long poll)
+    "fetch_min_bytes": 1,             # ... until this many bytes are readable
     "consumer_timeout_ms": float("inf"),
     "request_timeout_ms": 30000,
     "retries": 2147483647,            # bounded by default_api_timeout_ms, as Kafka's
@@ -63,6 +74,16 @@ class _Backoff:
     retry_at_s: float = 0.0
 
 
+@dataclass
+class _InFlight:
+    """A partition's fetch in flight: sent for ``offset``; the leader owes an answer by
+    ``expires_s`` (its wait plus ``request_timeout_ms``), else it counts as timed out."""
+
+    offset: int
+    ref: object
+    expires_s: float
+
+
 class Consumer:
     def __init__(self, cluster, *topics, **config):
         self.config = validate_config(config, DEFAULTS, "consumer")
@@ -72,6 +93,8 @@ class Consumer:
             raise InvalidConfigurationError(
                 f"auto_offset_reset must be 'earliest' or 'latest', got "
                 f"{self.config['auto_offset_reset']!r}")
+        positive_int(self.config, "fetch_max_wait_ms")
+        positive_int(self.config, "fetch_min_bytes")
         if self.config["group_id"] is not None:
             raise IllegalStateError("consumer groups are not built yet: use group_id=None "
                                     "with assign() or subscribe()")
@@ -83,6 +106,7 @@ class Consumer:
         self._pattern = None
         self._buffer: list = []
         self._backoffs: dict[tuple[str, int], _Backoff] = {}
+        self._inflight: dict[tuple[str, int], _InFlight] = {}
         self._closed = False
         if topics:
             self.subscribe(topics)
@@ -122,6 +146,7 @@ class Consumer:
         self._assigned = list(tps)
         self._positions = {tp: off for tp, off in self._positions.items() if tp in tps}
         self._backoffs = {tp: b for tp, b in self._backoffs.items() if tp in tps}
+        self._inflight = {tp: f for tp, f in self._inflight.items() if tp in tps}
         self._buffer = [r for r in self._buffer if (r.topic, r.partition) in self._positions]
 
     def assignment(self) -> set:
@@ -161,6 +186,7 @@ class Consumer:
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise OffsetOutOfRangeError(f"seek offset must be an integer >= 0, got {offset!r}")
         self._positions[tp] = offset
+        self._inflight.pop(tp, None)     # its answer would be for the old position
         self._buffer = [r for r in self._buffer if (r.topic, r.partition) != tp]
 
     def seek_to_beginning(self, *tps) -> None:
@@ -184,62 +210,109 @@ class Consumer:
 
     # -- fetching -------------------------------------------------------------------------------
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
+        """Records fetched since the last poll, at most ``max_records``; when there are
+        none, fetch rounds (long polls at the leaders) until some arrive or ``timeout_ms``
+        is over. See the module docstring."""
         self._check_open()
         if self._pattern is not None or self._subscription:
             self._refresh_subscription()
         limit = max_records or self.config["max_poll_records"]
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         while not self._buffer:
-            self._fetch_once()
+            left_ms = int(max(deadline - time.monotonic(), 0) * 1000)
+            self._fetch_round(min(left_ms, self.config["fetch_max_wait_ms"]), deadline)
             if self._buffer or time.monotonic() >= deadline:
                 break
-            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+            if not self._inflight:
+                # every partition in backoff, nothing assigned, or a leader that answers
+                # at once (no long poll): do not spin
+                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
         taken, self._buffer = self._buffer[:limit], self._buffer[limit:]
         out: dict = {}
         for rec in taken:
             out.setdefault((rec.topic, rec.partition), []).append(rec)
         return out
 
-    def _fetch_once(self) -> None:
-        """One fetch from every assigned partition not in backoff, all in flight at once."""
-        from storage.records import decode_records
+    def _fetch_round(self, max_wait_ms: int, deadline_s: float) -> None:
+        """Send a fetch (waiting up to ``max_wait_ms`` at the leader) to every assigned
+        partition that has none in flight and is not in backoff; then take answers until
+        one brings records, none is left in flight, or ``deadline_s`` passed and every
+        fetch sent in this round has answered (older ones, sent with a longer wait by an
+        earlier poll, stay in flight)."""
+        sent = self._send_fetches(max_wait_ms)
+        while self._inflight and not self._buffer:
+            now = time.monotonic()
+            for tp, f in list(self._inflight.items()):
+                if now >= f.expires_s:
+                    del self._inflight[tp]
+                    self._failed(tp, ray.exceptions.GetTimeoutError(
+                        f"fetch of {tp[0]}-{tp[1]} did not answer in time"))
+            owed = [f.expires_s for tp, f in self._inflight.items() if tp in sent]
+            if not owed and now >= deadline_s:
+                return
+            if not self._inflight:
+                return
+            until = min(min(f.expires_s for f in self._inflight.values()),
+                        max(deadline_s, min(owed, default=deadline_s)))
+            refs = {f.ref: tp for tp, f in self._inflight.items()}
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=max(until - now, 0))
+            for ref in ready:
+                tp = refs[ref]
+                sent.discard(tp)
+                self._take(tp, self._inflight.pop(tp))
 
-        from ..types import Record
-        refs = {}
+    def _send_fetches(self, max_wait_ms: int) -> set:
+        """A fetch for each assigned partition without one in flight and not in backoff;
+        the partitions sent to."""
+        sent = set()
         now = time.monotonic()
+        expires_s = now + (self.config["request_timeout_ms"] + max_wait_ms) / 1000
         for tp in self._assigned:
+            if tp in self._inflight:
+                continue
             backoff = self._backoffs.get(tp)
             if backoff is not None and backoff.retry_at_s > now:
                 continue
             offset = self.position(tp)   # list_offsets: retried (or raised) in the call
             try:
                 leader = self.metadata.leader(*tp)
-                ref = leader.handle.fetch.remote(offset, self.config["fetch_max_bytes"])
+                ref = fetch_remote(leader.handle, offset, self.config["fetch_max_bytes"],
+                                   max_wait_ms, self.config["fetch_min_bytes"])
             except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
                 self._failed(tp, exc)
                 continue
-            refs[tp] = (offset, ref)
+            self._inflight[tp] = _InFlight(offset, ref, expires_s)
+            sent.add(tp)
+        return sent
+
+    def _take(self, tp, fetch: _InFlight) -> None:
+        """The answer to ``fetch`` (ready): its records into the buffer, or its error
+        handled (an out-of-range position reset, the rest per the retry policy)."""
+        from storage.records import decode_records
+
+        from ..types import Record
+        try:
+            result = ray.get(fetch.ref, timeout=self.config["request_timeout_ms"] / 1000)
+        except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
+            if isinstance(unwrap(exc), OffsetOutOfRangeError):
+                self._positions.pop(tp, None)  # reset per auto_offset_reset next time
+                self._backoffs.pop(tp, None)
+                return
+            self._failed(tp, exc)
+            return
+        self._backoffs.pop(tp, None)
+        if self._positions.get(tp) != fetch.offset:
+            return                             # sought elsewhere meanwhile
+        recs = [r for r in decode_records(result.data) if r.offset >= fetch.offset]
+        if not recs:
+            return
         kd, vd = self.config["key_deserializer"], self.config["value_deserializer"]
-        for tp, (offset, ref) in refs.items():
-            try:
-                result = ray.get(ref, timeout=self.config["request_timeout_ms"] / 1000)
-            except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
-                if isinstance(unwrap(exc), OffsetOutOfRangeError):
-                    self._positions.pop(tp, None)  # reset per auto_offset_reset next time
-                    self._backoffs.pop(tp, None)
-                    continue
-                self._failed(tp, exc)
-                continue
-            self._backoffs.pop(tp, None)
-            recs = [r for r in decode_records(result.data) if r.offset >= offset]
-            if not recs:
-                continue
-            for r in recs:
-                self._buffer.append(Record(
-                    tp[0], tp[1], r.offset, r.timestamp, r.timestamp_type,
-                    kd(r.key) if kd and r.key is not None else r.key,
-                    vd(r.value) if vd and r.value is not None else r.value, r.headers))
-            self._positions[tp] = recs[-1].offset + 1
+        for r in recs:
+            self._buffer.append(Record(
+                tp[0], tp[1], r.offset, r.timestamp, r.timestamp_type,
+                kd(r.key) if kd and r.key is not None else r.key,
+                vd(r.value) if vd and r.value is not None else r.value, r.headers))
+        self._positions[tp] = recs[-1].offset + 1
 
     def _failed(self, tp, exc: BaseException) -> None:
         """A fetch of ``tp`` failed with ``exc`` (as raised): put the partition in backoff
@@ -281,6 +354,7 @@ class Consumer:
     def close(self) -> None:
         self._closed = True
         self._buffer = []
+        self._inflight = {}
 
     def _check_open(self) -> None:
         if self._closed:

@@ -19,6 +19,8 @@ from ..protocol import broker_actor_name, replica_actor_name
 from ..errors import (LeaderNotAvailableError, NoBrokersAvailable, UnknownTopicOrPartitionError)
 
 METADATA_CALL_TIMEOUT_S = 10.0
+# how long a newest-refresh waits for other brokers once one has answered
+NEWEST_GRACE_S = 0.5
 
 
 class LeaderRef(NamedTuple):
@@ -50,42 +52,42 @@ class Metadata:
 
     # -- reading the cluster -----------------------------------------------------------------
     def refresh(self, *, newest: bool = False) -> dict:
-        """Read a broker's metadata: the first that answers (random order), or with
-        ``newest`` all of them at once, keeping the newest snapshot (highest controller
-        stamp). Brokers receive UpdateMetadata one by one, so right after a change one cache
-        can lag another: a lookup that misses asks for the newest before it says "unknown"."""
-        ids = list(self._snapshot.get("brokers") or {}) or list(self._broker_ids)
-        ids = [int(i) for i in ids]
+        """Ask every candidate broker at once and keep the first snapshot with a controller
+        (a paused or dead broker never holds a refresh up); with ``newest``, keep the newest
+        (highest controller stamp) of the answers that arrive within a short grace after
+        the first. Brokers receive UpdateMetadata one by one, so right after a change one
+        cache can lag another: a lookup that misses asks for the newest before it says
+        "unknown"."""
+        ids = self._candidate_ids()
         random.shuffle(ids)
-        last_exc: BaseException | None = None
+        pending, last_exc = {}, None
+        for bid in ids:
+            try:
+                pending[broker_handle(self.namespace, bid).get_metadata.remote()] = bid
+            except Exception as exc:  # noqa: BLE001 - a broker that is not there
+                last_exc = exc
         best = None
-        if newest:
-            refs = []
-            for bid in ids:
-                try:
-                    refs.append(broker_handle(self.namespace, bid).get_metadata.remote())
-                except Exception as exc:  # noqa: BLE001 - a broker that is not there
-                    last_exc = exc
-            for ref in refs:
-                try:
-                    snap = ray.get(ref, timeout=METADATA_CALL_TIMEOUT_S)
-                except Exception as exc:  # noqa: BLE001 - the others may answer
-                    last_exc = exc
-                    continue
-                if best is None or _stamp(snap) > _stamp(best):
-                    best = snap
-        else:
-            for bid in ids:
-                try:
-                    snap = ray.get(broker_handle(self.namespace, bid).get_metadata.remote(),
-                                   timeout=METADATA_CALL_TIMEOUT_S)
-                except Exception as exc:  # noqa: BLE001 - try the next broker
-                    last_exc = exc
-                    continue
-                if best is None or _stamp(snap) > _stamp(best):
-                    best = snap
-                if snap.get("controller_epoch", 0) > 0:
+        deadline = time.monotonic() + METADATA_CALL_TIMEOUT_S
+        while pending:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+            if not ready:
+                break
+            pending.pop(ready[0])
+            try:
+                snap = ray.get(ready[0], timeout=0)
+            except Exception as exc:  # noqa: BLE001 - the others may answer
+                last_exc = exc
+                continue
+            if best is None or _stamp(snap) > _stamp(best):
+                best = snap
+            if best.get("controller_epoch", 0) > 0:
+                if not newest:
                     break
+                # the newest of what the others answer within a short grace
+                deadline = min(deadline, time.monotonic() + NEWEST_GRACE_S)
         if best is None:
             raise NoBrokersAvailable(f"no broker of namespace {self.namespace!r} answered "
                                      f"({last_exc!r})")
@@ -93,6 +95,12 @@ class Metadata:
             self._snapshot = best
             self._fetched_at = time.monotonic()
         return best
+
+    def _candidate_ids(self) -> list[int]:
+        """Brokers to ask: the live ones of the last snapshot, then every broker id the
+        cluster was started with (the last snapshot's brokers may all be dead now)."""
+        live = [int(i) for i in (self._snapshot.get("brokers") or {})]
+        return live + [b for b in self._broker_ids if b not in live]
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -186,7 +194,7 @@ class Metadata:
     def _live_snapshots(self) -> list[dict]:
         """The metadata of every broker that answers and that the newest answer lists as
         live (a broker that is not registered any more keeps an old cache: it is skipped)."""
-        ids = [int(i) for i in (self._snapshot.get("brokers") or {})] or list(self._broker_ids)
+        ids = self._candidate_ids()
         refs = []
         for bid in ids:
             try:

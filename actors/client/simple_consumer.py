@@ -1,12 +1,17 @@
 """SimpleConsumer: the seed's low-level consumer. The caller names topic, partition and
 offset; no group, no committed offsets, no background threads.
 
-- ``fetch(topic, partition, offset, max_bytes=1048576) -> list[Record]``: the records at or
-  after ``offset`` from one fetch of the partition leader (whole batches of at most about
-  ``max_bytes``, a first batch larger than that still whole; records before ``offset`` in
-  the first batch are dropped). Up to the high watermark; an empty list at the end.
-- ``multifetch([(topic, partition, offset, max_bytes), ...]) -> {(topic, partition):
-  [Record]}``: all requests issued at once (one actor call each), then gathered.
+- ``fetch(topic, partition, offset, max_bytes=1048576, max_wait_ms=0, min_bytes=1)
+  -> list[Record]``: the records at or after ``offset`` from one fetch of the partition
+  leader (whole batches of at most about ``max_bytes``, a first batch larger than that still
+  whole; records before ``offset`` in the first batch are dropped). Up to the high
+  watermark; an empty list at the end. With ``max_wait_ms`` the leader holds the request
+  until ``min_bytes`` are readable or the wait is over (Kafka's long poll), so a record is
+  seen about one round trip after it is committed instead of on the next call.
+- ``multifetch([(topic, partition, offset, max_bytes), ...], max_wait_ms=0, min_bytes=1)
+  -> {(topic, partition): [Record]}``: all requests issued at once (one actor call each),
+  then gathered; with ``max_wait_ms`` each leader waits on its own, so the call returns
+  when every one has answered (at most about ``max_wait_ms`` plus a round trip).
 - ``offsets_before(topic, partition, time_ms, max_offsets=1) -> [int]``: descending;
   ``time_ms=-1`` latest (the high watermark), ``-2`` earliest (the log start offset).
 - ``fetch_columns`` / ``multifetch_columns``: the same reads decoded straight into a
@@ -19,7 +24,8 @@ LeaderNotAvailable, KafkaStorageError, the leader actor dead or unreachable, or 
 answering within ``request_timeout_ms``) make it invalidate the metadata and retry per
 ``retry.RetryPolicy``: at most ``retries`` times, with backoff, and never past
 ``default_api_timeout_ms`` from the call; then the last error is raised (KafkaTimeoutError
-for a request that did not answer). Each request waits at most ``request_timeout_ms``.
+for a request that did not answer). Each request waits at most ``request_timeout_ms`` plus
+its ``max_wait_ms`` (the leader may hold a long poll that long before answering).
 Thread-safe (no mutable state beyond the metadata object, which is thread-safe).
 """
 
@@ -51,6 +57,21 @@ DEFAULT_CONFIG = {
 DEFAULT_FETCH_MAX_BYTES = 1048576
 
 
+def fetch_remote(handle, offset: int, max_bytes: int, max_wait_ms: int = 0,
+                 min_bytes: int = 1):
+    """``handle.fetch.remote(...)`` on a leader replica: the long-poll arguments travel
+    only when they ask for more than an immediate answer, and a leader whose ``fetch``
+    does not take them (Ray checks the signature at ``.remote``) is asked without them:
+    it answers at once, as a zero wait would."""
+    if max_wait_ms <= 0 and min_bytes == 1:
+        return handle.fetch.remote(offset, max_bytes)
+    try:
+        return handle.fetch.remote(offset, max_bytes, max_wait_ms=max_wait_ms,
+                                   min_bytes=min_bytes)
+    except TypeError:
+        return handle.fetch.remote(offset, max_bytes)
+
+
 class SimpleConsumer:
     """``SimpleConsumer(metadata, **config)``; see the module docstring."""
 
@@ -73,13 +94,16 @@ class SimpleConsumer:
 
     # -- public reads ----------------------------------------------------------------------
     def fetch(self, topic: str, partition: int, offset: int,
-              max_bytes: int = DEFAULT_FETCH_MAX_BYTES) -> list[Record]:
+              max_bytes: int = DEFAULT_FETCH_MAX_BYTES, max_wait_ms: int = 0,
+              min_bytes: int = 1) -> list[Record]:
         _check_request(topic, partition, offset, max_bytes)
-        data = self._call(topic, partition, "fetch", offset, max_bytes).data
+        _check_wait(max_wait_ms, min_bytes)
+        data = self._fetch(topic, partition, offset, max_bytes, max_wait_ms, min_bytes).data
         return self._records(topic, partition, offset, data)
 
-    def multifetch(self, requests) -> dict:
-        datas = self._multicall(requests)
+    def multifetch(self, requests, max_wait_ms: int = 0, min_bytes: int = 1) -> dict:
+        _check_wait(max_wait_ms, min_bytes)
+        datas = self._multicall(requests, max_wait_ms, min_bytes)
         return {(t, p): self._records(t, p, o, d) for (t, p, o, _), d in datas}
 
     def fetch_columns(self, topic: str, partition: int, offset: int,
@@ -87,7 +111,7 @@ class SimpleConsumer:
         """The records at or after ``offset`` as a ``pyarrow.Table`` (columns offset,
         timestamp, timestamp_type, key, value, headers); keys and values raw bytes."""
         _check_request(topic, partition, offset, max_bytes)
-        data = self._call(topic, partition, "fetch", offset, max_bytes).data
+        data = self._fetch(topic, partition, offset, max_bytes).data
         return _table(offset, data)
 
     def multifetch_columns(self, requests) -> dict:
@@ -137,7 +161,7 @@ class SimpleConsumer:
                 if not self._retry.retriable(exc):
                     raise final_error(exc) from None
                 self.metadata.invalidate(topic)
-                data = self._call(topic, p, "fetch", offset, max_bytes).data
+                data = self._fetch(topic, p, offset, max_bytes).data
             last = None
             for last in iter_headers(data, check_crc=False):
                 pass
@@ -178,29 +202,44 @@ class SimpleConsumer:
                           value, r.headers))
         return out
 
-    def _call(self, topic: str, partition: int, method: str, *args):
-        """One request to the leader of (topic, partition), retried per the policy."""
+    def _call(self, topic: str, partition: int, method: str, *args, wait_ms: int = 0,
+              send=None):
+        """One request to the leader of (topic, partition), retried per the policy;
+        ``send(handle)`` issues it (default: ``handle.<method>.remote(*args)``), and
+        ``wait_ms`` is how long the leader may hold it before answering."""
         if self._closed:
             raise IllegalStateError("the simple consumer is closed")
+        if send is None:
+            def send(handle):
+                return getattr(handle, method).remote(*args)
 
         def attempt(left_s):
             leader = self.metadata.leader(topic, partition)
-            ref = getattr(leader.handle, method).remote(*args)
-            return ray.get(ref, timeout=self._attempt_timeout_s(left_s))
+            return ray.get(send(leader.handle),
+                           timeout=self._attempt_timeout_s(left_s, wait_ms))
 
         return self._retry.call(attempt, on_retry=lambda _exc: self.metadata.invalidate(topic),
                                 what=f"{method} of {topic}-{partition}")
 
-    def _attempt_timeout_s(self, left_s: float | None) -> float:
-        """``request_timeout_ms``, or less when the call's deadline is nearer."""
-        if left_s is None:
-            return self._timeout_s
-        return max(min(self._timeout_s, left_s), 0.001)
+    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int,
+               max_wait_ms: int = 0, min_bytes: int = 1):
+        """One fetch (a long poll with ``max_wait_ms``), retried per the policy."""
+        return self._call(topic, partition, "fetch", wait_ms=max_wait_ms,
+                          send=lambda h: fetch_remote(h, offset, max_bytes, max_wait_ms,
+                                                      min_bytes))
 
-    def _multicall(self, requests) -> list:
+    def _attempt_timeout_s(self, left_s: float | None, wait_ms: int = 0) -> float:
+        """``request_timeout_ms`` past the leader's ``wait_ms``, or less when the call's
+        deadline is nearer."""
+        timeout_s = self._timeout_s + wait_ms / 1000.0
+        if left_s is None:
+            return timeout_s
+        return max(min(timeout_s, left_s), 0.001)
+
+    def _multicall(self, requests, max_wait_ms: int = 0, min_bytes: int = 1) -> list:
         """[((topic, partition, offset, max_bytes), fetched bytes)], the fetches issued
         together; the ones that fail retriably (a timeout included) are redone one by one
-        through ``_call`` (with its retries)."""
+        through ``_fetch`` (with its retries)."""
         requests = [tuple(r) for r in requests]
         for r in requests:
             if len(r) != 4:
@@ -210,13 +249,14 @@ class SimpleConsumer:
         refs = []
         for t, p, o, m in requests:
             try:
-                refs.append(self.metadata.leader(t, p).handle.fetch.remote(o, m))
+                refs.append(fetch_remote(self.metadata.leader(t, p).handle, o, m,
+                                         max_wait_ms, min_bytes))
             except Exception as exc:  # noqa: BLE001 - redone (or raised) by _call below
                 if not self._retry.retriable(exc):
                     raise final_error(exc) from None
                 refs.append(None)
         out = []
-        deadline = time.monotonic() + self._timeout_s
+        deadline = time.monotonic() + self._timeout_s + max_wait_ms / 1000.0
         for (t, p, o, m), ref in zip(requests, refs):
             data = None
             if ref is not None:
@@ -227,7 +267,7 @@ class SimpleConsumer:
                         raise final_error(exc) from None
                     self.metadata.invalidate(t)
             if data is None:
-                data = self._call(t, p, "fetch", o, m).data
+                data = self._fetch(t, p, o, m, max_wait_ms, min_bytes).data
             out.append(((t, p, o, m), data))
         return out
 
@@ -245,6 +285,13 @@ def _check_request(topic, partition, offset, max_bytes) -> None:
         raise IllegalArgumentError(f"offset must be an int >= 0, got {offset!r}")
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise IllegalArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+
+
+def _check_wait(max_wait_ms, min_bytes) -> None:
+    if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, int) or max_wait_ms < 0:
+        raise IllegalArgumentError(f"max_wait_ms must be an int >= 0, got {max_wait_ms!r}")
+    if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+        raise IllegalArgumentError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
 
 
 def _lt(table, end: int):

@@ -159,14 +159,53 @@ def cmd_status(args) -> int:
         auth = "RAY_AUTH_MODE=token " if state.get("ray_auth_mode") == "token" else ""
         print(f"jobs        {auth}ray job submit --address {state['dashboard_url']} -- python ...")
     print(f"data dir    {cluster.data_dir}")
-    print(f"topics      {len(topics)}")
+    for line in status_topic_lines(topics):
+        print(line)
+    return 0
+
+
+STATUS_AT_RISK_LINES = 20
+
+
+def status_topic_lines(topics: dict) -> list[str]:
+    """The partition part of ``status``: totals with the under-replicated and offline
+    counts, one line per topic, then the partitions at risk (at most
+    STATUS_AT_RISK_LINES). Pure: from a metadata snapshot's ``topics``."""
+    from ..client.admin import health_summary, partition_health
+    total = health_summary(topics)
+    lines = [f"topics      {len(topics)}",
+             f"partitions  {total['partitions']} ({total['under_replicated']} "
+             f"under-replicated, {total['offline']} offline)"]
+    at_risk = []
     for name in sorted(topics):
         parts = topics[name]
         rf = max((len(s["replicas"]) for s in parts.values()), default=0)
-        offline = sum(1 for s in parts.values() if s["leader"] < 0)
-        print(f"  {name}  partitions {len(parts)}  replication-factor {rf}"
-              + (f"  OFFLINE {offline}" if offline else ""))
-    return 0
+        health = health_summary({name: parts})
+        lines.append(f"  {name}  partitions {len(parts)}  replication-factor {rf}"
+                     + (f"  under-replicated {health['under_replicated']}"
+                        if health["under_replicated"] else "")
+                     + (f"  OFFLINE {health['offline']}" if health["offline"] else ""))
+        for p in sorted(parts):
+            marker = _marker(partition_health(parts[p]))
+            if marker:
+                st = parts[p]
+                at_risk.append(f"  {marker:<16}  {name}-{p}  leader {st['leader']}  "
+                               f"replicas {','.join(map(str, st['replicas']))}  "
+                               f"isr {','.join(map(str, st['isr'])) or '-'}")
+    if at_risk:
+        lines.append("at risk")
+        lines += at_risk[:STATUS_AT_RISK_LINES]
+        if len(at_risk) > STATUS_AT_RISK_LINES:
+            lines.append(f"  ... and {len(at_risk) - STATUS_AT_RISK_LINES} more "
+                         f"(raykafka topics describe --under-replicated-partitions)")
+    return lines
+
+
+def _marker(health: dict) -> str:
+    """"OFFLINE", "UNDER-REPLICATED" or "" for ``partition_health``'s answer."""
+    if health["offline"]:
+        return "OFFLINE"
+    return "UNDER-REPLICATED" if health["under_replicated"] else ""
 
 
 def _duration(seconds: float) -> str:
@@ -220,22 +259,45 @@ def cmd_topics_describe(args) -> int:
         _check_topic_name(args.name)
     admin = connect(args.namespace).admin()
     names = [args.name] if args.name else admin.list_topics()
+    only = {"under_replicated"} if args.under_replicated_partitions else set()
+    if args.unavailable_partitions:
+        only.add("offline")
     for name in names:
         rows = admin.describe_topic(name)
         try:
             config = admin.topic_config(name)
         except KafkaError:
             config = {}
-        rf = max((len(r["replicas"]) for r in rows), default=0)
-        print(f"Topic: {name}\tPartitionCount: {len(rows)}\tReplicationFactor: {rf}\t"
-              f"Configs: {_fmt_config(config)}")
-        for r in rows:
-            print(f"\tTopic: {name}\tPartition: {r['partition']}\tLeader: {r['leader']}\t"
-                  f"Replicas: {','.join(map(str, r['replicas']))}\t"
-                  f"Isr: {','.join(map(str, r['isr']))}\tLeaderEpoch: {r['leader_epoch']}\t"
-                  f"LogStartOffset: {_off(r['log_start_offset'])}\t"
-                  f"HighWatermark: {_off(r['high_watermark'])}")
+        for line in describe_lines(name, rows, config, only=only):
+            print(line)
     return 0
+
+
+def describe_lines(name: str, rows: list[dict], config: dict, *, only=()) -> list[str]:
+    """``topics describe`` of one topic, as Kafka's kafka-topics prints it, plus the
+    under-replicated and offline counts in the header and a marker on each such partition.
+    ``only`` ({"under_replicated", "offline"}) keeps just those partitions (and no header),
+    as ``--under-replicated-partitions`` / ``--unavailable-partitions``. Pure."""
+    lines = []
+    if not only:
+        rf = max((len(r["replicas"]) for r in rows), default=0)
+        under = sum(1 for r in rows if r["under_replicated"])
+        offline = sum(1 for r in rows if r["offline"])
+        lines.append(f"Topic: {name}\tPartitionCount: {len(rows)}\tReplicationFactor: {rf}\t"
+                     f"Configs: {_fmt_config(config)}\tUnderReplicated: {under}\t"
+                     f"Offline: {offline}")
+    for r in rows:
+        if only and not any(r[k] for k in only):
+            continue
+        marker = _marker(r)
+        lines.append(f"\tTopic: {name}\tPartition: {r['partition']}\tLeader: "
+                     f"{r['leader'] if r['leader'] >= 0 else 'none'}\t"
+                     f"Replicas: {','.join(map(str, r['replicas']))}\t"
+                     f"Isr: {','.join(map(str, r['isr']))}\tLeaderEpoch: {r['leader_epoch']}\t"
+                     f"LogStartOffset: {_off(r['log_start_offset'])}\t"
+                     f"HighWatermark: {_off(r['high_watermark'])}"
+                     + (f"\t{marker}" if marker else ""))
+    return lines
 
 
 def _off(value) -> str:
@@ -378,19 +440,36 @@ def cmd_elect_leaders(args) -> int:
 
 
 def cmd_reassign(args) -> int:
-    try:
-        with open(args.plan) as f:
-            plan = json.load(f)
-        moves = {(p["topic"], int(p["partition"])): [int(b) for b in p["replicas"]]
-                 for p in plan["partitions"]}
-    except OSError as exc:
-        raise UsageError(f"cannot read {args.plan}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{args.plan} is not a reassignment plan ({{\"partitions\": "
-                         f"[{{\"topic\", \"partition\", \"replicas\"}}]}}): {exc}") from None
-    connect(args.namespace).admin().reassign_partitions(moves)
-    print(f"Reassignment of {len(moves)} partitions started.")
+    moves = read_reassignment_plan(args.plan)
+    t0 = time.monotonic()
+    connect(args.namespace).admin().reassign_partitions(moves, timeout_s=args.timeout)
+    print(f"Reassignment of {len(moves)} partition{'s' if len(moves) != 1 else ''} done in "
+          f"{time.monotonic() - t0:.1f}s:")
+    for (topic, partition), replicas in sorted(moves.items()):
+        print(f"  {topic}-{partition}  replicas {','.join(map(str, replicas))}")
     return 0
+
+
+def read_reassignment_plan(path: str) -> dict:
+    """The plan in a kafka-reassign-partitions JSON file, checked before the cluster is
+    contacted: an unreadable file or invalid JSON is a UsageError; a wrong shape, a bad
+    topic name or a duplicate the typed error of ``admin.parse_reassignment``."""
+    from ..client.admin import parse_reassignment
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        plan = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not JSON ({exc}); a plan is {{\"version\": 1, "
+                         f"\"partitions\": [{{\"topic\", \"partition\", \"replicas\"}}]}}") \
+            from None
+    if not isinstance(plan, dict) or "partitions" not in plan:
+        raise UsageError(f"{path} is not a reassignment plan: expected {{\"version\": 1, "
+                         f"\"partitions\": [{{\"topic\", \"partition\", \"replicas\"}}]}}")
+    return parse_reassignment(plan)
 
 
 def cmd_groups(args) -> int:
@@ -510,6 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmd(tsub, "list", cmd_topics_list, "list topics")
     t = cmd(tsub, "describe", cmd_topics_describe, "partitions, leaders, ISR, offsets")
     t.add_argument("name", nargs="?")
+    t.add_argument("--under-replicated-partitions", action="store_true",
+                   help="only partitions whose ISR is smaller than their replica list")
+    t.add_argument("--unavailable-partitions", action="store_true",
+                   help="only partitions without a leader (offline)")
     t = cmd(tsub, "delete", cmd_topics_delete, "delete a topic")
     t.add_argument("name")
     t = cmd(tsub, "alter", cmd_topics_alter, "change a topic's config")
@@ -540,8 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = cmd(gsub, "describe", cmd_groups, "describe a group")
     g.add_argument("group")
 
-    s = cmd(sub, "reassign", cmd_reassign, "move partitions (a JSON plan)")
-    s.add_argument("plan")
+    s = cmd(sub, "reassign", cmd_reassign, "move partitions to new replicas (a "
+            "kafka-reassign-partitions JSON plan) and wait until done")
+    s.add_argument("plan", metavar="PLAN.json")
+    s.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="seconds to wait for the reassignment (default 300)")
     s = cmd(sub, "elect-leaders", cmd_elect_leaders, "move leadership to preferred replicas")
     s.add_argument("--topic", default=None)
 

@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Replication benchmark (issue 8): what RF=3 with acks=all costs, and end-to-end latency.
+
+One run, under 5 minutes on 2 cores: a private local Ray (127.0.0.1), an embedded ZooKeeper
+and a 3-broker cluster, 6-partition topics, 100-byte values, one producer process (this
+one). It measures, in this order:
+
+1. ``ray_call_p50_ms``: an empty call to a bare Ray actor (1000 calls after a warm-up): the
+   floor every request here stands on.
+2. ``rf1_records_per_s``: ``perf.produce`` (Producer.send_batch, acks=all) to an RF=1 topic.
+3. ``rf3_acks_all_records_per_s``: the same to an RF=3 topic with min.insync.replicas=2.
+4. ``e2e_p50_ms`` / ``e2e_p99_ms``: RF=3, acks=all, paced at 10,000 records/s (10
+   records every millisecond through ``Producer.send``, which batches what arrives while a
+   partition's request is in flight, as Kafka's producer does; ``send_batch`` would send each
+   chunk as its own request), each value stamped with its send time; a long-polling Consumer (``fetch_max_wait_ms`` 500) in its own process (a Ray
+   actor on this machine) takes the receive time of each record after ``poll`` returns.
+   Latency = receive - send, wall clock (one machine, one clock). ``e2e_send_to_ack_*``
+   times send -> acknowledgement of one record per millisecond: the share of the latency
+   spent in the producer and replication, before the consumer could read the record.
+
+Goals (the issue's): RF=3 acks=all >= 1,000,000 records/s and >= 0.6 x RF=1 in the same run;
+e2e p50 <= 4 x ray_call_p50_ms and p99 <= 12 x ray_call_p50_ms. A phase that fails is
+reported (``<phase>_error``) and the run goes on, so the last line is always one JSON object.
+
+    python benchmarks/replication_bench.py            # ~3 minutes
+    python benchmarks/replication_bench.py --quick    # ~1.5 minutes
+
+Nothing outside this run is touched: the Ray it starts is its own and ends with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
+
+GOAL_RF3_RECORDS_PER_S = 1_000_000
+GOAL_RF3_VS_RF1 = 0.6
+GOAL_E2E_P50_X_RAY_CALL = 4.0
+GOAL_E2E_P99_X_RAY_CALL = 12.0
+E2E_RATE = 10_000
+E2E_CHUNK = 10                     # records sent per tick: E2E_RATE / 1000 per millisecond
+STAMP = "<d"                       # the send time (time.time()) at the start of each value
+# (a format string, not a struct.Struct: the consumer actor below is shipped by value)
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def percentile(values, q: float):
+    import numpy as np
+    return round(float(np.percentile(values, q)), 3) if len(values) else None
+
+
+# -- 1. the floor: an empty actor call ---------------------------------------------------------
+class Empty:
+    def ping(self) -> None:
+        return None
+
+
+def ray_call_ms(n: int = 1000) -> dict:
+    import ray
+    actor = ray.remote(Empty).options(num_cpus=0).remote()
+    try:
+        for _ in range(100):
+            ray.get(actor.ping.remote(), timeout=60)
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            ray.get(actor.ping.remote(), timeout=60)
+            samples.append((time.perf_counter() - t0) * 1000)
+    finally:
+        ray.kill(actor, no_restart=True)
+    return {"ray_call_p50_ms": percentile(samples, 50),
+            "ray_call_p99_ms": percentile(samples, 99)}
+
+
+# -- 2./3. throughput ---------------------------------------------------------------------------
+def make_topic(cluster, name: str, partitions: int, rf: int) -> None:
+    from actors.tools import perf
+    config = dict(perf.PERF_TOPIC_CONFIG)
+    if rf > 1:
+        config["min.insync.replicas"] = "2"
+    cluster.admin().create_topic(name, partitions=partitions, replication_factor=rf,
+                                 config=config)
+
+
+def throughput(cluster, topic: str, records: int, warmup: int, size: int) -> dict:
+    from actors.tools import perf
+    perf.produce(cluster, topic, num_records=warmup, record_size=size, acks="all",
+                 progress=False)
+    return perf.produce(cluster, topic, num_records=records, record_size=size, acks="all",
+                        progress=False)
+
+
+# -- 4. end to end ------------------------------------------------------------------------------
+class E2EConsumer:
+    """A long-polling Consumer in its own process: assigned every partition of ``topic``
+    at its end; ``run`` polls until ``n`` records came (or the deadline) and answers each
+    record's latency (receive - send stamp) in ms."""
+
+    def __init__(self, namespace: str, topic: str, fetch_max_wait_ms: int):
+        from actors import Cluster
+        self.cluster = Cluster.connect(namespace)
+        self.consumer = self.cluster.consumer(fetch_max_wait_ms=fetch_max_wait_ms)
+        parts = self.cluster.metadata.partitions_for(topic)
+        self.consumer.assign([(topic, p) for p in parts])
+        self.consumer.seek_to_end()
+        for tp in self.consumer.assignment():
+            self.consumer.position(tp)
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self, n: int, timeout_s: float) -> dict:
+        latencies = []
+        deadline = time.monotonic() + timeout_s
+        polls = 0
+        while len(latencies) < n and time.monotonic() < deadline:
+            got = self.consumer.poll(timeout_ms=500)
+            now = time.time()
+            polls += 1
+            for records in got.values():
+                for r in records:
+                    latencies.append((now - struct.unpack_from(STAMP, r.value)[0]) * 1000)
+        self.consumer.close()
+        return {"latencies_ms": latencies, "polls": polls}
+
+
+def end_to_end(cluster, topic: str, seconds: float, size: int) -> dict:
+    import ray
+
+    from actors import raycompat
+    n = int(E2E_RATE * seconds)
+    reader = ray.remote(E2EConsumer).options(
+        num_cpus=0, scheduling_strategy=raycompat.this_node()).remote(
+            cluster.namespace, topic, 500)
+    ray.get(reader.ready.remote(), timeout=120)
+    result_ref = reader.run.remote(n, seconds + 60)
+    pad = b"\0" * (size - struct.calcsize(STAMP))
+    producer = cluster.producer(acks="all", linger_ms=0)
+    late = 0
+    acked_ms: list = []
+    try:
+        t0 = time.perf_counter()
+        futures = []
+        for i in range(n // E2E_CHUNK):
+            due = t0 + i * E2E_CHUNK / E2E_RATE
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            elif wait < -0.01:
+                late += 1
+            for _ in range(E2E_CHUNK):
+                sent_at = time.time()
+                futures.append(producer.send(topic, struct.pack(STAMP, sent_at) + pad))
+            # one record per tick also times send -> acknowledgement (acks=all): the part
+            # of the end-to-end latency spent before a consumer could read the record
+            futures[-1].add_callback(
+                lambda _md, t=sent_at: acked_ms.append((time.time() - t) * 1000))
+        producer.flush(timeout=120)
+        for f in futures:
+            f.get(timeout=120)
+        elapsed = time.perf_counter() - t0
+    finally:
+        producer.close(timeout=30)
+    got = ray.get(result_ref, timeout=seconds + 120)
+    ray.kill(reader, no_restart=True)
+    lat = got["latencies_ms"]
+    return {"e2e_records": n, "e2e_received": len(lat),
+            "e2e_send_rate_records_per_s": round(n / elapsed),
+            "e2e_chunks_sent_late": late, "e2e_polls": got["polls"],
+            "e2e_p50_ms": percentile(lat, 50), "e2e_p99_ms": percentile(lat, 99),
+            "e2e_send_to_ack_p50_ms": percentile(acked_ms, 50),
+            "e2e_send_to_ack_p99_ms": percentile(acked_ms, 99),
+            "e2e_max_ms": round(max(lat), 3) if lat else None}
+
+
+# -- the run -----------------------------------------------------------------------------------
+def phase(out: dict, name: str, fn, *args) -> None:
+    """Run one measurement into ``out``; a failure is recorded and the run goes on."""
+    t0 = time.perf_counter()
+    say(f"{name} ...")
+    try:
+        out.update(fn(*args))
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON line
+        out[f"{name}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        say(f"{name} failed: {out[f'{name}_error']}")
+    say(f"{name} done in {time.perf_counter() - t0:.1f}s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller runs (~1.5 minutes)")
+    ap.add_argument("--records", type=int, default=None,
+                    help="records per throughput run (default 1,000,000; --quick 300,000)")
+    ap.add_argument("--e2e-seconds", type=float, default=None,
+                    help="seconds of the paced end-to-end run (default 10; --quick 5)")
+    ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--record-size", type=int, default=100)
+    a = ap.parse_args()
+    records = a.records or (300_000 if a.quick else 1_000_000)
+    warmup = max(records // 5, 10_000)
+    e2e_s = a.e2e_seconds or (5.0 if a.quick else 10.0)
+    os.environ.setdefault("RAYKAFKA_NO_PROGRESS", "1")
+
+    import logging
+
+    import ray
+
+    from actors import Cluster, raycompat
+    t_start = time.perf_counter()
+    work = tempfile.mkdtemp(prefix="raykafka-replication-bench-")
+    out: dict = {"brokers": a.brokers, "partitions": a.partitions,
+                 "record_size": a.record_size, "records": records, "warmup": warmup}
+    raycompat.init_local("raykafka-replication-bench", logging_level=logging.WARNING)
+    try:
+        cluster = Cluster.start(num_brokers=a.brokers, data_dir=os.path.join(work, "cluster"),
+                                namespace=f"repl-bench-{os.getpid()}")
+        try:
+            out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
+            phase(out, "ray_call", ray_call_ms)
+            make_topic(cluster, "rf1", a.partitions, 1)
+            make_topic(cluster, "rf3", a.partitions, 3)
+            make_topic(cluster, "e2e", a.partitions, 3)
+            phase(out, "rf1", lambda: _rate("rf1", throughput(
+                cluster, "rf1", records, warmup, a.record_size)))
+            phase(out, "rf3", lambda: _rate("rf3_acks_all", throughput(
+                cluster, "rf3", records, warmup, a.record_size)))
+            phase(out, "e2e", end_to_end, cluster, "e2e", e2e_s, a.record_size)
+        finally:
+            cluster.shutdown()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    _goals(out)
+    _table(out)
+    print(json.dumps(out, allow_nan=False), flush=True)
+    return 0
+
+
+def _rate(prefix: str, result: dict) -> dict:
+    return {f"{prefix}_records_per_s": result["records_per_s"],
+            f"{prefix}_MB_per_s": result["MB_per_s"],
+            f"{prefix}_chunk_p50_ms": result["p50_ms"], f"{prefix}_chunk_p99_ms": result["p99_ms"]}
+
+
+def _ratio(x, y):
+    return round(x / y, 3) if x is not None and y else None
+
+
+def _goals(out: dict) -> None:
+    rf1, rf3 = out.get("rf1_records_per_s"), out.get("rf3_acks_all_records_per_s")
+    call = out.get("ray_call_p50_ms")
+    out["rf3_vs_rf1"] = _ratio(rf3, rf1)
+    out["e2e_p50_x_ray_call"] = _ratio(out.get("e2e_p50_ms"), call)
+    out["e2e_p99_x_ray_call"] = _ratio(out.get("e2e_p99_ms"), call)
+    out["goals"] = {
+        "rf3_records_per_s": rf3 is not None and rf3 >= GOAL_RF3_RECORDS_PER_S,
+        "rf3_vs_rf1": out["rf3_vs_rf1"] is not None and out["rf3_vs_rf1"] >= GOAL_RF3_VS_RF1,
+        "e2e_p50": out["e2e_p50_x_ray_call"] is not None
+        and out["e2e_p50_x_ray_call"] <= GOAL_E2E_P50_X_RAY_CALL,
+        "e2e_p99": out["e2e_p99_x_ray_call"] is not None
+        and out["e2e_p99_x_ray_call"] <= GOAL_E2E_P99_X_RAY_CALL,
+    }
+
+
+def _table(out: dict) -> None:
+    def fmt(v, spec="{:,.0f}"):
+        return "-" if v is None else spec.format(v)
+    goals = out["goals"]
+    rows = [
+        ("empty Ray actor call p50 / p99 ms",
+         f"{fmt(out.get('ray_call_p50_ms'), '{:.3f}')} / "
+         f"{fmt(out.get('ray_call_p99_ms'), '{:.3f}')}", ""),
+        ("RF=1 acks=all records/s", fmt(out.get("rf1_records_per_s")), ""),
+        ("RF=3 acks=all records/s", fmt(out.get("rf3_acks_all_records_per_s")),
+         f">= {GOAL_RF3_RECORDS_PER_S:,}: {'met' if goals['rf3_records_per_s'] else 'MISSED'}"),
+        ("RF=3 / RF=1", fmt(out.get("rf3_vs_rf1"), "{:.2f}"),
+         f">= {GOAL_RF3_VS_RF1}: {'met' if goals['rf3_vs_rf1'] else 'MISSED'}"),
+        ("e2e p50 ms (x ray call)",
+         f"{fmt(out.get('e2e_p50_ms'), '{:.2f}')} ({fmt(out.get('e2e_p50_x_ray_call'), '{:.1f}')}x)",
+         f"<= {GOAL_E2E_P50_X_RAY_CALL}x: {'met' if goals['e2e_p50'] else 'MISSED'}"),
+        ("e2e p99 ms (x ray call)",
+         f"{fmt(out.get('e2e_p99_ms'), '{:.2f}')} ({fmt(out.get('e2e_p99_x_ray_call'), '{:.1f}')}x)",
+         f"<= {GOAL_E2E_P99_X_RAY_CALL}x: {'met' if goals['e2e_p99'] else 'MISSED'}"),
+    ]
+    for what, value, goal in rows:
+        say(f"{what:<36}{value:>22}   {goal}")
+    for key in sorted(k for k in out if k.endswith("_error")):
+        say(f"{key}: {out[key]}")
+    say(f"whole run {out['elapsed_s']}s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Shared pieces of the replication fault tests: a producer that writes sequence-numbered
+records the whole time and remembers what was acknowledged, and checks that read what each
+replica really holds on disk (its segment files), independently of the actors."""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+import time
+
+from cluster_helpers import ray, wait_until
+from storage.records import decode_records, iter_headers
+
+
+class SequenceProducer:
+    """Sends b"<tag>-<n>" with acks=all to one partition in a background thread, one record
+    in flight per send batch of ``batch`` records; ``acked`` maps value -> offset for every
+    acknowledged record, ``errors`` counts sends that failed for good (after retries)."""
+
+    def __init__(self, cluster, topic: str, partition: int = 0, *, tag: str = "seq",
+                 batch: int = 20, acks="all", pause_s: float = 0.005):
+        self.cluster = cluster
+        self.topic, self.partition = topic, partition
+        self.tag, self.batch, self.pause_s = tag, batch, pause_s
+        self.producer = cluster.producer(acks=acks, linger_ms=0, request_timeout_ms=5000,
+                                         delivery_timeout_ms=60000)
+        self.acked: dict[bytes, int] = {}
+        self.errors: list[BaseException] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="seq-producer")
+
+    def start(self) -> "SequenceProducer":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            futures = []
+            for _ in range(self.batch):
+                value = b"%s-%08d" % (self.tag.encode(), n)
+                n += 1
+                futures.append((value, self.producer.send(self.topic, value,
+                                                          partition=self.partition)))
+            self.sent = n
+            for value, fut in futures:
+                try:
+                    meta = fut.get(timeout=90)
+                except Exception as exc:  # noqa: BLE001 - counted, the test decides
+                    with self._lock:
+                        self.errors.append(exc)
+                    continue
+                with self._lock:
+                    self.acked[value] = meta.offset
+            self._stop.wait(self.pause_s)
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def wait_for_more(self, n: int, timeout_s: float = 60.0) -> None:
+        """Until ``n`` more records than now are acknowledged."""
+        target = self.acked_count() + n
+        wait_until(lambda: self.acked_count() >= target, timeout_s=timeout_s,
+                   what=f"{n} more acknowledged records")
+
+    def stop(self) -> dict[bytes, int]:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        self.producer.close(timeout=30)
+        with self._lock:
+            return dict(self.acked)
+
+
+def leader_of(cluster, topic: str, partition: int = 0) -> int:
+    return cluster.metadata.refresh()["topics"][topic][partition]["leader"]
+
+
+def partition_row(cluster, topic: str, partition: int = 0) -> dict:
+    return cluster.metadata.refresh()["topics"][topic][partition]
+
+
+def wait_for_full_isr(cluster, topic: str, partition: int = 0, timeout_s: float = 60.0):
+    def full():
+        st = partition_row(cluster, topic, partition)
+        return st["leader"] >= 0 and sorted(st["isr"]) == sorted(st["replicas"])
+    wait_until(full, timeout_s=timeout_s, what=f"{topic}-{partition} ISR back to all replicas")
+
+
+def read_committed(cluster, topic: str, partition: int = 0) -> list:
+    """Every record below the high watermark, read through the leader."""
+    cluster.metadata.invalidate()
+    consumer = cluster.simple_consumer()
+    out, offset = [], 0
+    while True:
+        recs = [r for r in consumer.fetch(topic, partition, offset, 4 << 20) if r.offset >= offset]
+        if not recs:
+            return out
+        out.extend(recs)
+        offset = recs[-1].offset + 1
+
+
+def replica_state(cluster, broker_id: int, topic: str, partition: int = 0) -> dict:
+    from actors.protocol import replica_actor_name
+    handle = ray.get_actor(replica_actor_name(topic, partition, broker_id),
+                           namespace=cluster.namespace)
+    return ray.get(handle.state.remote(), timeout=30)
+
+
+def disk_bytes_below(cluster, broker_id: int, topic: str, partition: int, end_offset: int) -> bytes:
+    """The batches of the replica's segment files (read from disk, in offset order) whose
+    offsets are all below ``end_offset``: what must be byte-identical on every replica."""
+    path = os.path.join(cluster.data_dir, f"broker-{broker_id}", f"{topic}-{partition}")
+    data = b"".join(open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.log"))))
+    out = []
+    for h in iter_headers(data, check_crc=False):
+        if h.last_offset >= end_offset:
+            break
+        out.append(data[h.position:h.position + h.size])
+    return b"".join(out)
+
+
+def wait_replicas_converged(cluster, topic: str, partition: int = 0, timeout_s: float = 60.0):
+    """Until every replica's log end offset equals the leader's high watermark and log end."""
+    def converged():
+        row = partition_row(cluster, topic, partition)
+        states = [replica_state(cluster, b, topic, partition) for b in row["replicas"]]
+        ends = {s["log_end_offset"] for s in states}
+        leader = [s for s in states if s["broker_id"] == row["leader"]]
+        return (len(ends) == 1 and leader and leader[0]["high_watermark"] == ends.pop()
+                and states)
+    return wait_until(converged, timeout_s=timeout_s, what="replicas converged")
+
+
+def assert_no_acknowledged_loss(acked: dict, records: list) -> None:
+    """Every acknowledged value is in the log at the offset its acknowledgement named, and
+    every offset holds one value."""
+    by_offset = {r.offset: r.value for r in records}
+    assert len(by_offset) == len(records)
+    missing = [(v, o) for v, o in acked.items() if by_offset.get(o) != v]
+    assert not missing, f"{len(missing)} acknowledged records lost or moved, e.g. {missing[:3]}"
+
+
+def decode_disk(data: bytes) -> list:
+    return decode_records(data)
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000
