@@ -63,7 +63,8 @@ def test_a_killed_leaders_partitions_get_new_leaders_before_its_session_expires(
         print(f"\nno leader for at most {took:.2f}s after the kill")
         assert zk.exists(f"/brokers/ids/{victim}") is not None, \
             "the registration was still there: Ray, not ZooKeeper, told the controller"
-        assert all(victim not in _state(zk, "k", p)["isr"] for p in range(3))
+        wait_until(lambda: all(victim not in _state(zk, "k", p)["isr"] for p in range(3)),
+                   timeout_s=ELECTION_BOUND_S, what=f"broker {victim} out of every ISR")
     finally:
         zk.stop()
         zk.close()

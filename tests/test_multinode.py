@@ -60,7 +60,9 @@ def test_brokers_go_one_per_worker_node_with_their_replicas_and_controllers(ray_
         cluster.kill_broker(1)
         cluster.start_broker(1)
         assert ray.get(cluster.broker(1).node_id.remote()) == placed[1]
-        consumer = cluster.simple_consumer()     # it retries while leaders come back
+        # broker 1's partitions (RF 1) are offline until it is back and leads them again
+        cluster.metadata.wait_for_leaders("spread", timeout_s=60)
+        consumer = cluster.simple_consumer()
         for p in range(4):
             assert [r.value for r in consumer.fetch("spread", p, 0)] == [b"v%d" % p]
     finally:
