@@ -7,10 +7,9 @@ from __future__ import annotations
 import glob
 import os
 import threading
-import time
 
 from cluster_helpers import ray, wait_until
-from storage.records import decode_records, iter_headers
+from storage.records import iter_headers
 
 
 class SequenceProducer:
@@ -27,7 +26,6 @@ class SequenceProducer:
                                          delivery_timeout_ms=60000)
         self.acked: dict[bytes, int] = {}
         self.errors: list[BaseException] = []
-        self.sent = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="seq-producer")
@@ -45,7 +43,6 @@ class SequenceProducer:
                 n += 1
                 futures.append((value, self.producer.send(self.topic, value,
                                                           partition=self.partition)))
-            self.sent = n
             for value, fut in futures:
                 try:
                     meta = fut.get(timeout=90)
@@ -142,11 +139,3 @@ def assert_no_acknowledged_loss(acked: dict, records: list) -> None:
     assert len(by_offset) == len(records)
     missing = [(v, o) for v, o in acked.items() if by_offset.get(o) != v]
     assert not missing, f"{len(missing)} acknowledged records lost or moved, e.g. {missing[:3]}"
-
-
-def decode_disk(data: bytes) -> list:
-    return decode_records(data)
-
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000
