@@ -60,12 +60,7 @@ class Metadata:
         "unknown"."""
         ids = self._candidate_ids()
         random.shuffle(ids)
-        pending, last_exc = {}, None
-        for bid in ids:
-            try:
-                pending[broker_handle(self.namespace, bid).get_metadata.remote()] = bid
-            except Exception as exc:  # noqa: BLE001 - a broker that is not there
-                last_exc = exc
+        pending, last_exc = self._ask_all(ids)
         best = None
         deadline = time.monotonic() + METADATA_CALL_TIMEOUT_S
         while pending:
@@ -191,18 +186,23 @@ class Metadata:
                                         f"topic {topic!r}")
             time.sleep(0.05)
 
+    def _ask_all(self, ids: list[int]) -> tuple[dict, BaseException | None]:
+        """get_metadata sent to every broker in ``ids`` at once: ({ref: broker id}, the error
+        of the last broker that could not be asked)."""
+        refs, last_exc = {}, None
+        for bid in ids:
+            try:
+                refs[broker_handle(self.namespace, bid).get_metadata.remote()] = bid
+            except Exception as exc:  # noqa: BLE001 - a broker that is not there
+                last_exc = exc
+        return refs, last_exc
+
     def _live_snapshots(self) -> list[dict]:
         """The metadata of every broker that answers and that the newest answer lists as
         live (a broker that is not registered any more keeps an old cache: it is skipped)."""
-        ids = self._candidate_ids()
-        refs = []
-        for bid in ids:
-            try:
-                refs.append((bid, broker_handle(self.namespace, bid).get_metadata.remote()))
-            except Exception:  # noqa: BLE001 - a broker that is not there
-                continue
+        refs, _ = self._ask_all(self._candidate_ids())
         answers = []
-        for bid, ref in refs:
+        for ref, bid in refs.items():
             try:
                 answers.append((bid, ray.get(ref, timeout=METADATA_CALL_TIMEOUT_S)))
             except Exception:  # noqa: BLE001 - a dead or slow broker knows nothing
