@@ -110,6 +110,13 @@ class ZkClient:
         client_id = self.kazoo.client_id
         return client_id[0] if client_id else None
 
+    @property
+    def credentials(self) -> tuple[int, bytes] | None:
+        """(session id, password) of the current session: what ``end_session`` needs to
+        end it from another process once this one is known dead."""
+        client_id = self.kazoo.client_id
+        return (client_id[0], client_id[1]) if client_id else None
+
     def add_listener(self, listener: Callable[[str], object]) -> None:
         """`listener(state)` runs on kazoo's thread: it must only set flags or events."""
         self.kazoo.add_listener(listener)
@@ -251,3 +258,25 @@ def connect(settings: ZkSettings) -> ZkClient:
     kazoo = _kazoo_client(settings.connection_string, settings)
     _start(kazoo, settings.connect_timeout_s, f"connect {settings.connection_string}")
     return ZkClient(kazoo, op_timeout_s=settings.op_timeout_s)
+
+
+def end_session(settings: ZkSettings, credentials: tuple[int, bytes], *,
+                timeout_s: float = 5.0) -> bool:
+    """End somebody else's session at the server now, instead of after its timeout: attach
+    to it with its (id, password) and close it, so its ephemeral nodes go at once (the
+    session-clone trick). Only for a session whose owner is known dead: a live owner would
+    find its session expired. True when the close was sent; False when no server answered
+    within ``timeout_s`` (the session then expires by itself)."""
+    kazoo = KazooClient(hosts=settings.connection_string, timeout=settings.session_timeout_s,
+                        client_id=tuple(credentials),
+                        connection_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=0.5))
+    try:
+        kazoo.start(timeout=timeout_s)
+    except KazooTimeoutError:
+        kazoo.close()
+        return False
+    try:
+        kazoo.stop()
+    finally:
+        kazoo.close()
+    return True

@@ -57,3 +57,16 @@ def wait_until(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.05,
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: "
                          f"{last_exc!r})")
+
+
+def wait_registered_with_controller(cluster, broker_ids, *, timeout_s: float = 60.0) -> None:
+    """Until ZooKeeper itself shows exactly ``broker_ids`` registered and a controller."""
+    zk = zk_client(cluster)
+    try:
+        want = sorted(str(b) for b in broker_ids)
+        wait_until(lambda: sorted(zk.get_children("/brokers/ids")) == want,
+                   timeout_s=timeout_s, what=f"brokers {want} registered")
+        wait_until(lambda: zk.exists("/controller"), timeout_s=timeout_s, what="a controller")
+    finally:
+        zk.stop()
+        zk.close()

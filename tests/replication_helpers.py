@@ -8,8 +8,24 @@ import glob
 import os
 import threading
 
-from cluster_helpers import ray, wait_until
+import pytest
+
+from cluster_helpers import FAST_CONFIG, ray, start_ray, stop_ray, wait_until
 from storage.records import iter_headers
+
+#: The fault tests' cluster: RF=3 topics with min.insync.replicas=2, a follower out of the
+#: ISR after 2 s without catching up, 3 s ZooKeeper sessions.
+LAG_MS = 2000
+CONFIG = {**FAST_CONFIG, "min.insync.replicas": 2, "replica.lag.time.max.ms": LAG_MS}
+TOPIC_CONFIG = {"min.insync.replicas": "2"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """A private local Ray for each module that imports this fixture."""
+    start_ray()
+    yield
+    stop_ray()
 
 
 class SequenceProducer:
@@ -41,8 +57,13 @@ class SequenceProducer:
             for _ in range(self.batch):
                 value = b"%s-%08d" % (self.tag.encode(), n)
                 n += 1
-                futures.append((value, self.producer.send(self.topic, value,
-                                                          partition=self.partition)))
+                try:
+                    futures.append((value, self.producer.send(self.topic, value,
+                                                              partition=self.partition)))
+                except Exception as exc:  # noqa: BLE001 - no metadata in max_block_ms
+                    with self._lock:
+                        self.errors.append(exc)
+                    break
             for value, fut in futures:
                 try:
                     meta = fut.get(timeout=90)

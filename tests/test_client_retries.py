@@ -4,6 +4,7 @@ answers are put in a local Ray's object store; their errors are raised as ``ray.
 raise an actor's error); no replica actors, brokers or ZooKeeper."""
 
 import threading
+import time
 
 import pytest
 import ray
@@ -13,7 +14,8 @@ from actors.client.consumer import Consumer
 from actors.client.metadata import LeaderRef
 from actors.client.producer import Producer
 from actors.client.simple_consumer import SimpleConsumer
-from actors.errors import (CorruptRecordError, InvalidRecordError, LeaderNotAvailableError,
+from actors.errors import (CorruptRecordError, InvalidRecordError, KafkaTimeoutError,
+                           LeaderNotAvailableError, NoBrokersAvailable,
                            NotLeaderForPartitionError, OffsetOutOfRangeError,
                            UnknownTopicOrPartitionError)
 from actors.protocol import FetchResult, ProduceResult
@@ -131,6 +133,54 @@ def test_producer_does_not_retry_an_unknown_partition_named_by_the_metadata():
 
 
 # -- SimpleConsumer ------------------------------------------------------------------------
+class FlakyTopicMetadata(ScriptedMetadata):
+    """ScriptedMetadata whose ``partitions_for`` first raises ``errors`` in order (what
+    the client's Metadata raises while every broker is down or just restarted)."""
+
+    def __init__(self, leader, errors):
+        super().__init__(leader)
+        self.errors = list(errors)
+
+    def partitions_for(self, topic):
+        if self.errors:
+            raise self.errors.pop(0)
+        return super().partitions_for(topic)
+
+
+def test_producer_send_waits_for_the_metadata_of_a_topic_it_knows():
+    """A topic this producer sent to before, missing from the metadata (brokers restarted,
+    caches empty) or with no broker answering, makes send wait and retry the lookup
+    within max_block_ms instead of raising."""
+    produce = ScriptedMethod(ProduceResult(3, 3, -1, 0))
+    md = FlakyTopicMetadata(ScriptedLeader(produce=produce), [])
+    with Producer(md, linger_ms=0, metadata_max_age_ms=1, **FAST) as producer:
+        producer.send("t", b"first", partition=0).get(timeout=30)
+        md.errors = [NoBrokersAvailable("all down"), UnknownTopicOrPartitionError("t")] * 2
+        time.sleep(0.01)   # past metadata_max_age_ms: the next send asks again
+        assert producer.send("t", b"v", partition=0).get(timeout=30).offset == 3
+    assert md.errors == []
+
+
+def test_producer_send_gives_up_on_missing_metadata_after_max_block_ms():
+    """A known topic missing for longer than max_block_ms raises KafkaTimeoutError; a
+    topic never seen that the brokers do not know raises UnknownTopicOrPartitionError at
+    once."""
+    produce = ScriptedMethod(ProduceResult(0, 0, -1, 0))
+    md = FlakyTopicMetadata(ScriptedLeader(produce=produce), [])
+    with Producer(md, linger_ms=0, metadata_max_age_ms=1, max_block_ms=300,
+                  **FAST) as producer:
+        producer.send("t", b"first", partition=0).get(timeout=30)
+        md.errors = [UnknownTopicOrPartitionError("t")] * 10_000
+        time.sleep(0.01)
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError):
+            producer.send("t", b"v", partition=0)
+        assert 0.2 <= time.monotonic() - started < 5
+        md.errors = [UnknownTopicOrPartitionError("typo")]
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send("typo", b"v")
+
+
 def test_simple_consumer_retries_a_retriable_error_and_a_timeout():
     """fetch retries NotLeaderForPartition and a request timeout (refreshing the metadata
     before each retry) and returns the records of the attempt that answers."""

@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 from actors import Cluster
 from actors.errors import StaleControllerEpochError
 from cluster_helpers import (FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace,
-                             wait_until, zk_client, zk_json)
+                             wait_registered_with_controller, wait_until, zk_client, zk_json)
 from storage.records import build, decode_records
 
 
@@ -159,14 +159,7 @@ def test_zookeeper_down_for_ten_seconds_loses_no_acknowledged_record(cluster):
     server.restart()
     for p in range(3):
         acked[p] += _produce(cluster, "zkdown", p, 10, b"post")
-    zk = zk_client(cluster)
-    try:
-        wait_until(lambda: sorted(zk.get_children("/brokers/ids")) == ["0", "1", "2"],
-                   timeout_s=60, what="brokers registered again")
-        wait_until(lambda: zk.exists("/controller"), timeout_s=60, what="a controller")
-    finally:
-        zk.stop()
-        zk.close()
+    wait_registered_with_controller(cluster, [0, 1, 2])
     for p in range(3):
         got = [r.offset for r in _read_all(cluster, "zkdown", p)]
         assert got == acked[p], f"partition {p} lost acknowledged records"

@@ -313,3 +313,60 @@ def test_close_delivers_pending_and_is_idempotent(md):
     producer.close()
     assert future.get(timeout=0).offset == 0
     assert producer.closed
+
+
+@ray.remote
+def _answer_later(answer, delay_s):
+    import time
+    time.sleep(delay_s)
+    return answer
+
+
+class SlowLeader:
+    """A leader whose produce answers after ``delay_s`` (so requests stay in flight),
+    assigning offsets like a log; records each request's batches."""
+
+    def __init__(self, delay_s):
+        from actors.protocol import ProduceResult
+        from storage.records import iter_headers
+        self.requests = []
+        self.next_offset = 0
+        outer = self
+
+        class _Produce:
+            def remote(self, payload, acks, timeout_ms):
+                headers = list(iter_headers(payload))
+                outer.requests.append(len(headers))
+                n = sum(h.records_count for h in headers)
+                base, outer.next_offset = outer.next_offset, outer.next_offset + n
+                return _answer_later.remote(ProduceResult(base, base + n - 1, -1, 0), delay_s)
+        self.produce = _Produce()
+
+
+class OnePartition:
+    def __init__(self, leader):
+        self.handle = leader
+
+    def partitions_for(self, topic):
+        return [0]
+
+    def leader(self, topic, partition):
+        from actors.client.metadata import LeaderRef
+        return LeaderRef(self.handle, 0, 0)
+
+    def invalidate(self, topic=None):
+        pass
+
+
+def test_batches_queued_behind_a_request_in_flight_go_together_in_the_next():
+    """While a partition's request is in flight, the small batches queued behind it go out
+    together in the next request (up to max_request_size), and each record's future gets
+    its own offset, in send order."""
+    leader = SlowLeader(delay_s=0.05)
+    with Producer(OnePartition(leader), linger_ms=0, batch_size=300) as producer:
+        futures = [producer.send("t", b"v%04d" % i) for i in range(400)]
+        producer.flush(timeout=60)
+        offsets = [f.get(timeout=10).offset for f in futures]
+    assert offsets == list(range(400))
+    assert sum(leader.requests) > len(leader.requests), "no request carried two batches"
+    assert max(leader.requests) > 2

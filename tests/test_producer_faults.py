@@ -38,10 +38,12 @@ def md(data_dir):
 def stream_and_fail_over(md, topic, fail, total=6000):
     """Send ``total`` keyed records (value = sequence number) from a background thread;
     once a third are acknowledged, ``fail`` partition 0's leader, then elect a new one.
+    The last third is sent only after the fault (so it cannot come after everything).
     Returns [(seq, key, future)]."""
     sent = []
     acked = [0]
     done = threading.Event()
+    faulted = threading.Event()
     producer = Producer(md, **RETRYING)
 
     def count(_meta):
@@ -50,6 +52,8 @@ def stream_and_fail_over(md, topic, fail, total=6000):
     def run():
         try:
             for seq in range(total):
+                if seq == 2 * total // 3:
+                    faulted.wait(60)
                 key = KEYS[seq % len(KEYS)]
                 future = producer.send(topic, b"%d" % seq, key=key)
                 future.add_callback(count)
@@ -61,6 +65,7 @@ def stream_and_fail_over(md, topic, fail, total=6000):
     thread.start()
     wait_until(lambda: acked[0] >= total // 3, what="first acknowledgements")
     fail(topic, 0)
+    faulted.set()
     acked_at_fault = acked[0]
     wait_until(lambda: md.invalidations > 0 or done.is_set(), what="a retry")
     md.elect(topic, 0)

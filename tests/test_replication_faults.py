@@ -12,21 +12,12 @@ from kazoo.client import KazooClient
 
 from actors import Cluster
 from actors.errors import NotEnoughReplicasError
-from cluster_helpers import FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace, wait_until
-from replication_helpers import (SequenceProducer, assert_no_acknowledged_loss,
-                                 disk_bytes_below, leader_of, partition_row, read_committed,
-                                 wait_for_full_isr, wait_replicas_converged)
-
-LAG_MS = 2000
-CONFIG = {**FAST_CONFIG, "min.insync.replicas": 2, "replica.lag.time.max.ms": LAG_MS}
-TOPIC_CONFIG = {"min.insync.replicas": "2"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    start_ray()
-    yield
-    stop_ray()
+from cluster_helpers import ray, unique_namespace, wait_until
+from replication_helpers import (CONFIG, LAG_MS, TOPIC_CONFIG, SequenceProducer,
+                                 assert_no_acknowledged_loss, disk_bytes_below, leader_of,
+                                 partition_row, read_committed, wait_for_full_isr,
+                                 wait_replicas_converged)
+from replication_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
 
 
 @pytest.fixture

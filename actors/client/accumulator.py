@@ -57,7 +57,7 @@ class ProducerBatch:
     __slots__ = ("topic", "partition", "values", "keys", "timestamps", "headers", "size",
                  "count", "created", "closed", "data", "attempts", "retry_at", "sent_at",
                  "attempt_id", "done", "base_offset", "log_append_time", "log_start_offset",
-                 "error", "callbacks", "nbytes", "_cb_lock")
+                 "error", "callbacks", "nbytes", "riders", "_cb_lock")
 
     def __init__(self, topic: str, partition: int, now: float):
         self.topic = topic
@@ -82,7 +82,21 @@ class ProducerBatch:
         self.error: BaseException | None = None
         self.callbacks: list | None = None
         self.nbytes = 0  # bytes charged against buffer_memory
+        # batches of the same partition sent behind this one in the same request (its
+        # records get the offsets after this batch's); set while in flight
+        self.riders: list | None = None
         self._cb_lock = threading.Lock()
+
+    @property
+    def mergeable(self) -> bool:
+        """May share a request with other batches: its bytes are (or will be) here, not a
+        reference to the object store."""
+        return self.data is None or isinstance(self.data, (bytes, bytearray))
+
+    @property
+    def wire_size(self) -> int:
+        """Its size in a request: the built bytes, or the bound ``size`` keeps."""
+        return self.size if self.data is None else len(self.data)
 
     def settle(self, base_offset: int, append_time: int, log_start: int,
                error: BaseException | None) -> None:
@@ -127,8 +141,9 @@ class RecordAccumulator:
     """
 
     def __init__(self, *, batch_limit: int, linger_s: float, buffer_memory: int,
-                 max_block_s: float):
+                 max_block_s: float, request_limit: int | None = None):
         self.batch_limit = batch_limit
+        self.request_limit = max(request_limit or batch_limit, batch_limit)
         self.linger_s = linger_s
         self.buffer_memory = buffer_memory
         self.max_block_s = max_block_s
@@ -259,9 +274,33 @@ class RecordAccumulator:
                 b.closed = True
                 q.inflight = b
                 ready.append(b)
+                self._add_riders(q, b, now, hurry)
             else:
                 wake_at = min(wake_at, b.created + self.linger_s)
         return ready, wake_at
+
+    def _add_riders(self, q: PartitionQueue, head: ProducerBatch, now: float,
+                    hurry: bool) -> None:
+        """Send the batches queued behind ``head`` in the same request, as Kafka sends all
+        of a partition's ready batches at once, up to ``request_limit`` bytes: with one
+        request in flight per partition, a backlog of small ``send`` batches would
+        otherwise drain one batch per round trip (lock held)."""
+        if not head.mergeable:
+            return
+        size = head.wire_size
+        riders = []
+        while q.batches:
+            nb = q.batches[0]
+            if (not nb.mergeable or nb.retry_at > now
+                    or size + nb.wire_size > self.request_limit
+                    or not (nb.closed or hurry or now - nb.created >= self.linger_s
+                            or len(q.batches) > 1)):
+                break
+            q.batches.popleft()
+            nb.closed = True
+            size += nb.wire_size
+            riders.append(nb)
+        head.riders = riders or None
 
     def collect_expired(self, now: float, limit_s: float) -> list:
         """[(batch, attempt_id)] of the in-flight attempts sent more than ``limit_s`` ago
@@ -274,13 +313,27 @@ class RecordAccumulator:
         return out
 
     def requeue(self, batch: ProducerBatch) -> None:
-        """``batch`` will be retried: back to the *head* of its queue (order is kept)."""
+        """``batch`` (and its riders) will be retried: back to the *head* of its queue,
+        in their order."""
         with self.lock:
             q = self.queues[(batch.topic, batch.partition)]
             if q.inflight is batch:
                 q.inflight = None
-            q.batches.appendleft(batch)
+            riders, batch.riders = batch.riders or [], None
+            for b in reversed([batch] + riders):
+                q.batches.appendleft(b)
             self.wakeup.notify()
+
+    def requeue_riders(self, batch: ProducerBatch) -> None:
+        """The riders of ``batch`` go back to the head of their queue unsent (``batch``
+        itself cannot go: aborted)."""
+        with self.lock:
+            riders, batch.riders = batch.riders or [], None
+            if riders:
+                q = self.queues[(batch.topic, batch.partition)]
+                for b in reversed(riders):
+                    q.batches.appendleft(b)
+                self.wakeup.notify()
 
     def idle(self, batch: ProducerBatch) -> None:
         """The partition of ``batch`` may send its next batch."""

@@ -51,8 +51,8 @@ from storage import records as _records
 from storage.compression import codec_id
 
 from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
-                      KafkaTimeoutError, RecordTooLargeError, UnknownTopicOrPartitionError,
-                      UnsupportedCodecError)
+                      KafkaTimeoutError, NoBrokersAvailable, RecordTooLargeError,
+                      UnknownTopicOrPartitionError, UnsupportedCodecError)
 from .accumulator import (BATCH_OVERHEAD, RECORD_OVERHEAD_MAX, RecordAccumulator,
                           cut_and_build)
 from .config import positive_int, validate_config
@@ -120,11 +120,15 @@ class Producer:
                 raise InvalidConfigurationError(f"{name} must be callable, got "
                                                 f"{config[name]!r}")
         self._partitions: dict[str, tuple[list, float]] = {}
+        self._known_topics: set[str] = set()
+        self._max_block_s = max_block_s
+        self._metadata_backoff_s = max(positive_int(config, "retry_backoff_ms"), 10) / 1000.0
         self._partitioner = Partitioner(config["partitioner"])
         # a batch never grows past what one request may carry
         self._accumulator = RecordAccumulator(
             batch_limit=min(batch_size, self._max_request_size), linger_s=linger_s,
-            buffer_memory=self._buffer_memory, max_block_s=max_block_s)
+            buffer_memory=self._buffer_memory, max_block_s=max_block_s,
+            request_limit=self._max_request_size)
         self._sender = Sender(self._accumulator, metadata, retry, acks=_ACKS[acks],
                               request_timeout_ms=request_timeout_ms, codec=self._codec,
                               invalidate=self._invalidate)
@@ -139,11 +143,32 @@ class Producer:
 
     # -- metadata ------------------------------------------------------------------------
     def partitions_for(self, topic: str) -> list[int]:
-        """The partition numbers of ``topic`` (cached for ``metadata_max_age_ms``)."""
+        """The partition numbers of ``topic`` (cached for ``metadata_max_age_ms``).
+
+        Like Kafka's producer, waits up to ``max_block_ms`` for metadata while no broker
+        answers, or while the answers lack a topic this producer has sent to before (every
+        broker restarted, their caches not filled yet); then KafkaTimeoutError. A topic
+        never seen here that the brokers do not know raises UnknownTopicOrPartitionError at
+        once (a typo should not block for a minute)."""
         hit = self._partitions.get(topic)
         if hit is not None and time.monotonic() - hit[1] < self._metadata_max_age_s:
             return hit[0]
-        parts = list(self.metadata.partitions_for(topic))
+        deadline = time.monotonic() + self._max_block_s
+        while True:
+            try:
+                parts = list(self.metadata.partitions_for(topic))
+                break
+            except (NoBrokersAvailable, UnknownTopicOrPartitionError) as exc:
+                if (isinstance(exc, UnknownTopicOrPartitionError)
+                        and topic not in self._known_topics):
+                    raise
+                if time.monotonic() + self._metadata_backoff_s > deadline:
+                    raise KafkaTimeoutError(
+                        f"no metadata for topic {topic!r} within max_block_ms="
+                        f"{int(self._max_block_s * 1000)} (last: {exc})") from exc
+                time.sleep(self._metadata_backoff_s)
+                self.metadata.invalidate(topic)
+        self._known_topics.add(topic)
         self._partitions[topic] = (parts, time.monotonic())
         return parts
 

@@ -110,27 +110,38 @@ class Sender:
 
     # -- one attempt ---------------------------------------------------------------------
     def _dispatch(self, batch: ProducerBatch) -> None:
-        """Build (once) and send one batch; its answer arrives as a completion."""
+        """Build (once) and send one batch, with its riders (the batches of the same
+        partition queued behind it) in the same request; the answer arrives as a
+        completion."""
+        riders = [r for r in batch.riders or () if not r.done.is_set()]
+        for r in batch.riders or ():
+            if r.done.is_set():        # aborted by close() while queued
+                self._acc.forget(r)
+        batch.riders = riders or None
         if batch.done.is_set():   # aborted by close() while queued
+            self._acc.requeue_riders(batch)
             self._acc.idle(batch)
             self._acc.forget(batch)
             return
         attempt_id = batch.attempt_id
+        group = [batch] + riders
         try:
-            if batch.data is None:
-                batch.data = _records.build(batch.values, batch.keys, batch.timestamps,
-                                            batch.headers, compression=self._codec)
-                batch.values = batch.keys = batch.headers = None
+            for b in group:
+                if b.data is None:
+                    b.data = _records.build(b.values, b.keys, b.timestamps, b.headers,
+                                            compression=self._codec)
+                    b.values = b.keys = b.headers = None
+            payload = batch.data if not riders else b"".join(b.data for b in group)
             leader = self._metadata.leader(batch.topic, batch.partition)
             batch.sent_at = time.monotonic()
-            ref = leader.handle.produce.remote(batch.data, self._acks,
-                                               self._request_timeout_ms)
+            ref = leader.handle.produce.remote(payload, self._acks, self._request_timeout_ms)
         except Exception as exc:  # noqa: BLE001 - classified in _complete
             self._complete(batch, attempt_id, None, exc)
             return
         if self._acks == 0:
             # fire and forget for the caller; the sender still paces by the answer
-            batch.settle(-1, -1, -1, None)
+            for b in group:
+                b.settle(-1, -1, -1, None)
 
         def on_done(fut, batch=batch, attempt_id=attempt_id):
             try:
@@ -144,26 +155,31 @@ class Sender:
         ref.future().add_done_callback(on_done)
 
     def _complete(self, batch: ProducerBatch, attempt_id: int, outcome, error) -> None:
-        """Handle the end of one attempt of ``batch``: its answer, its failure (``error``
-        as raised: the retry policy tells a replica's error from a local one), or its
-        timeout."""
+        """Handle the end of one attempt of ``batch`` (and its riders): its answer, its
+        failure (``error`` as raised: the retry policy tells a replica's error from a
+        local one), or its timeout. The riders share the outcome: their records follow
+        the batch's in the log."""
         if attempt_id != batch.attempt_id:
             return
         batch.attempt_id += 1
         batch.sent_at = 0.0
+        group = [batch] + (batch.riders or [])
         if batch.done.is_set():  # acks=0 (settled when sent), or aborted by close()
             if error is not None:
                 log.warning("produce to %s-%d failed after its futures were settled: %r",
                             batch.topic, batch.partition, unwrap(error))
         elif error is None:
-            batch.settle(outcome.base_offset, outcome.log_append_time_ms,
-                         outcome.log_start_offset, None)
+            offset = outcome.base_offset
+            for b in group:
+                b.settle(offset, outcome.log_append_time_ms, outcome.log_start_offset, None)
+                offset += b.count
         else:
             backoff = None if self._stopping else self._retry.next_backoff_s(
                 error, failed_attempts=batch.attempts + 1, started_s=batch.created)
             if backoff is not None:
-                batch.attempts += 1
-                batch.retry_at = time.monotonic() + backoff
+                for b in group:
+                    b.attempts = batch.attempts + 1
+                    b.retry_at = time.monotonic() + backoff
                 log.info("retrying %s-%d (retry %d of at most %d) after %r", batch.topic,
                          batch.partition, batch.attempts, self._retry.max_attempts - 1,
                          unwrap(error))
@@ -172,6 +188,9 @@ class Sender:
                 return
             if self._retry.retriable(error):
                 self._invalidate(batch.topic)
-            batch.settle(-1, -1, -1, final_error(error))
+            for b in group:
+                b.settle(-1, -1, -1, final_error(error))
+        batch.riders = None
         self._acc.idle(batch)
-        self._acc.forget(batch)
+        for b in group:
+            self._acc.forget(b)

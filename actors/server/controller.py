@@ -73,6 +73,7 @@ from ..errors import (FencedLeaderEpochError, InvalidUpdateVersionError, NotCont
                       RequestTimedOutError, UnknownTopicOrPartitionError)
 from ..protocol import ControllerRole
 from .channel import ControllerChannel, RayBrokerTransport, RequestKind, RequestStatus
+from .controller_watch import ActiveControllerWatch
 
 log = logging.getLogger(__name__)
 
@@ -893,6 +894,10 @@ class Controller:
                                         name=f"controller-{broker_id}")
         self._thread.start()
         self.candidate.start()
+        # a standby ends a dead active controller's session (see controller_watch.py)
+        self.watch = ActiveControllerWatch(self.zk, self.candidate, settings,
+                                           namespace=conf["namespace"],
+                                           broker_id=broker_id).start()
 
     def _on_elected(self, epoch: int) -> None:
         # Runs on the candidate's thread: the loop thread applies it before its next tick,
@@ -950,10 +955,21 @@ class Controller:
         role = self.role
         return {"broker_id": self.broker_id, "role": role, "epoch": st.epoch,
                 "ticks": self.ticks, "last_error": self.last_error,
+                "dead_controller_sessions_ended": self.watch.sessions_ended,
                 "requests": self.logic.status() if role == ControllerRole.ACTIVE else None}
 
     def wake(self) -> None:
         self.logic.wake.set()
+
+    def session_credentials(self) -> tuple[int, bytes] | None:
+        """This candidate's ZooKeeper session (id, password), for the standbys'
+        ActiveControllerWatch: they end it once Ray reports this actor dead."""
+        return self.zk.credentials
+
+    def await_stop(self, timeout_s: float = 30.0) -> str:
+        """The standbys' watch on this controller: "stopped" once it closes, "running" after
+        ``timeout_s``; Ray fails the call with ActorDiedError when this actor dies."""
+        return "stopped" if self._closed.wait(min(float(timeout_s), 300.0)) else "running"
 
     def alter_partition(self, topic: str, partition: int, leader_id: int, leader_epoch: int,
                         new_isr: list[int], zk_version: int,
@@ -976,6 +992,7 @@ class Controller:
 
     def close(self) -> None:
         self._closed.set()
+        self.watch.stop()
         self.logic.wake.set()
         self.logic.fail_requests(NotControllerError(
             f"broker {self.broker_id}'s controller is closing"))

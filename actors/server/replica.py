@@ -148,6 +148,9 @@ class PartitionReplica:
         # an empty log has nothing to rebuild from: no file until the first epoch is assigned
         self.epoch_cache = LeaderEpochCache(
             self.path, self.log if self.log.log_end_offset > self.log.log_start_offset else None)
+        # as Kafka does at load: the checkpoint may name epochs whose records a crash took
+        # (written back before the log's tail was); they must not outlive the log
+        self.epoch_cache.truncate_from_end(self.log.log_end_offset)
         self.role = ReplicaRole.NONE
         self.leader_epoch = -1
         self.leader_id = -1
@@ -456,7 +459,13 @@ class PartitionReplica:
     def replica_fetch(self, follower_id: int, fetch_offset: int, leader_epoch: int,
                       max_bytes: int = 1 << 20, max_wait_ms: int = 500) -> ReplicaFetchResult:
         """A follower's fetch: records its LEO (= ``fetch_offset``), then waits up to
-        ``max_wait_ms`` for data past it or a new HW, and answers batches up to the LEO."""
+        ``max_wait_ms`` for data past it, and answers batches up to the LEO with the HW.
+
+        As Kafka's DelayedFetch for followers, a moved HW alone does not answer a waiting
+        fetch: followers learn it with the next data or when the wait runs out. Answering
+        it would double the calls per append (each follower's fetch that reports the
+        append moves the HW, which would wake every waiting fetch once more) for a value
+        only the follower's own checkpoint uses."""
         deadline = time.monotonic() + max(max_wait_ms, 0) / 1000
         with self._lock:
             self._check_follower_epoch(leader_epoch)
@@ -465,7 +474,6 @@ class PartitionReplica:
                 raise OffsetOutOfRangeError(
                     f"{self.topic}-{self.partition}: follower {follower_id} fetch offset "
                     f"{fetch_offset} is out of range [{self.log.log_start_offset}, {leo}]")
-            hw_before = self._hw
             state = self._state
             state.record_fetch(follower_id, fetch_offset, leo, self._clock_ms())
             self._move_hw_locked()
@@ -473,7 +481,7 @@ class PartitionReplica:
                     and state.can_join(follower_id)):
                 self._isr_wake.notify_all()       # an expansion to propose
             leadership = self._leadership
-            while (self.log.log_end_offset <= fetch_offset and self._hw == hw_before
+            while (self.log.log_end_offset <= fetch_offset
                    and self._leadership == leadership and self.is_leader):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
