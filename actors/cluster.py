@@ -37,7 +37,7 @@ from . import raycompat
 from .errors import (BrokerNotAvailableError, ClusterNotFoundError, IllegalStateError,
                      InvalidConfigurationError, KafkaError, KafkaTimeoutError)
 from .protocol import (CLUSTER_INFO_ACTOR, broker_actor_name, controller_actor_name,
-                       replica_actor_name)
+                       group_coordinator_actor_name, replica_actor_name)
 from .server.nodes import place_brokers
 
 ray = raycompat.ray
@@ -322,7 +322,8 @@ class Cluster:
             self._set_paused(paused)
         # Ray ends a dead owner's actors asynchronously: a replica could outlive its broker
         # for a moment and keep serving. Kill them together, as one process would die.
-        names = [broker_actor_name(broker_id), controller_actor_name(broker_id)]
+        names = [broker_actor_name(broker_id), controller_actor_name(broker_id),
+                 group_coordinator_actor_name(broker_id)]
         names += self._replica_names_of(broker_id)
         handles = []
         for name in names[1:]:

@@ -129,6 +129,52 @@ class ZooKeeperUnavailableError(RetriableError):
     """ZooKeeper could not be reached within the timeout."""
 
 
+# -- consumer groups (Kafka's error names) -----------------------------------------------------
+class CoordinatorNotAvailableError(RetriableError):
+    """The group's coordinator is not available (no leader for its offsets partition, or the
+    group is being unloaded)."""
+
+
+class NotCoordinatorError(RetriableError):
+    """This broker is not the group's coordinator (look it up again)."""
+
+
+class CoordinatorLoadInProgressError(RetriableError):
+    """The coordinator is loading the group's offsets partition: retry shortly."""
+
+
+class UnknownMemberIdError(KafkaError):
+    """The member is not in the group (expired, removed, or never joined): rejoin."""
+
+
+class IllegalGenerationError(KafkaError):
+    """The request carries another generation than the group's: a stale member, rejoin."""
+
+
+class RebalanceInProgressError(KafkaError):
+    """The group is rebalancing: rejoin before committing or syncing."""
+
+
+class InconsistentGroupProtocolError(KafkaError):
+    """The member's protocol type or assignors share nothing with the group's."""
+
+
+class FencedInstanceIdError(KafkaError):
+    """A newer member took this static member's group.instance.id (KIP-345)."""
+
+
+class InvalidSessionTimeoutError(KafkaError):
+    """session_timeout_ms outside the coordinator's allowed range."""
+
+
+class GroupIdNotFoundError(KafkaError):
+    """No such group."""
+
+
+class NonEmptyGroupError(KafkaError):
+    """The group has members: it cannot be deleted, nor its offsets deleted."""
+
+
 __all__ = [
     "KafkaError", "RetriableError", "CorruptRecordError", "InvalidConfigurationError",
     "InvalidRecordError", "KafkaStorageError", "OffsetOutOfRangeError", "RecordTooLargeError",
@@ -140,7 +186,11 @@ __all__ = [
     "NotEnoughReplicasAfterAppendError", "FencedLeaderEpochError", "UnknownLeaderEpochError",
     "InvalidUpdateVersionError",
     "StaleControllerEpochError", "NotControllerError", "BrokerNotAvailableError",
-    "BrokerIdInUseError", "InconsistentClusterIdError", "NoBrokersAvailable", "KafkaTimeoutError", "RequestTimedOutError",
+    "BrokerIdInUseError", "InconsistentClusterIdError", "NoBrokersAvailable",
+    "KafkaTimeoutError", "RequestTimedOutError",
     "IllegalStateError", "IllegalArgumentError", "ClusterNotFoundError",
-    "ZooKeeperUnavailableError",
+    "ZooKeeperUnavailableError", "CoordinatorNotAvailableError", "NotCoordinatorError",
+    "CoordinatorLoadInProgressError", "UnknownMemberIdError", "IllegalGenerationError",
+    "RebalanceInProgressError", "InconsistentGroupProtocolError", "FencedInstanceIdError",
+    "InvalidSessionTimeoutError", "GroupIdNotFoundError", "NonEmptyGroupError",
 ]

@@ -35,6 +35,14 @@ def replica_actor_name(topic: str, partition: int, broker_id: int) -> str:
     return f"replica-{topic}-{partition}-b{broker_id}"
 
 
+def group_coordinator_actor_name(broker_id: int) -> str:
+    return f"group-coordinator-{broker_id}"
+
+
+#: The internal topic of committed offsets (seed 002), compacted.
+OFFSETS_TOPIC = "__consumer_offsets"
+
+
 # -- roles ------------------------------------------------------------------------------------
 class ReplicaRole(str, enum.Enum):
     """What a PartitionReplica is for its partition right now (a str, so it pickles and

@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 
+import pytest
 from kazoo.client import KazooClient
 
 from actors import raycompat
@@ -28,6 +29,14 @@ def start_ray() -> None:
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """A private local Ray for each test module that imports this fixture."""
+    start_ray()
+    yield
+    stop_ray()
 
 
 def zk_client(cluster) -> KazooClient:

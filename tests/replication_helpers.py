@@ -8,9 +8,7 @@ import glob
 import os
 import threading
 
-import pytest
-
-from cluster_helpers import FAST_CONFIG, ray, start_ray, stop_ray, wait_until
+from cluster_helpers import FAST_CONFIG, local_ray, ray, wait_until  # noqa: F401 - fixture
 from storage.records import iter_headers
 
 #: The fault tests' cluster: RF=3 topics with min.insync.replicas=2, a follower out of the
@@ -19,13 +17,6 @@ LAG_MS = 2000
 CONFIG = {**FAST_CONFIG, "min.insync.replicas": 2, "replica.lag.time.max.ms": LAG_MS}
 TOPIC_CONFIG = {"min.insync.replicas": "2"}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    """A private local Ray for each module that imports this fixture."""
-    start_ray()
-    yield
-    stop_ray()
 
 
 class SequenceProducer:

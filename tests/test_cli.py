@@ -149,7 +149,33 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
                               "--replication-factor", "1"), 2, "positive integer")
     assert_one_line_error(cli(daemon, "topics", "alter", "x", "--config", "novalue"), 2,
                           "key=value")
-    assert_one_line_error(cli(daemon, "consume", "x", "--group", "g"), 2, "consumer groups")
+    assert_one_line_error(cli(daemon, "consume", "x", "--group", ""), 2, "non-empty")
+
+
+def test_consume_with_a_group_commits_and_groups_describe_shows_no_lag(daemon):
+    """`consume --group` reads from the group's committed offsets and commits what it
+    printed: a second run prints nothing new; `groups list` names the group and
+    `groups describe` shows each partition's committed offset at the log end (lag 0)."""
+    assert cli(daemon, "topics", "create", "cli-grp", "--partitions", "2",
+               "--replication-factor", "1").returncode == 0
+    out = cli(daemon, "produce", "cli-grp", stdin=("\n".join(f"v{i}" for i in range(20))
+                                                   + "\n").encode())
+    assert out.returncode == 0, out.stderr.decode()
+    out = cli(daemon, "consume", "cli-grp", "--group", "g1", "--from-beginning",
+              "--max-messages", "20", timeout=240)
+    assert out.returncode == 0, out.stderr.decode()
+    assert sorted(out.stdout.decode().split()) == sorted(f"v{i}" for i in range(20))
+    out = cli(daemon, "consume", "cli-grp", "--group", "g1", "--from-beginning",
+              "--timeout-ms", "3000", timeout=240)
+    assert out.returncode == 0 and out.stdout == b"", out.stderr.decode()
+    out = cli(daemon, "groups", "list")
+    assert "g1" in out.stdout.decode().split(), out.stderr.decode()
+    out = cli(daemon, "groups", "describe", "g1")
+    assert out.returncode == 0, out.stderr.decode()
+    rows = [ln.split() for ln in out.stdout.decode().splitlines()
+            if ln.startswith("cli-grp")]
+    assert len(rows) == 2 and all(r[4] == "0" for r in rows), out.stdout.decode()
+    assert sum(int(r[2]) for r in rows) == 20
 
 
 def test_reassign_moves_a_partition_and_status_counts_partitions_at_risk(daemon, tmp_path):

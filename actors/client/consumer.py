@@ -20,8 +20,19 @@ poll or the next) retry it. A partition that keeps failing past ``retries`` retr
 ``default_api_timeout_ms`` makes ``poll`` raise the last error, typed; so does any
 non-retriable error (an unknown topic or partition of an ``assign``ed partition included;
 a subscribed topic that disappears is dropped at the next subscription refresh instead).
-Consumer groups (JoinGroup/SyncGroup, commits, the seed's message streams) are built by the
-consumer-group layer; until then a ``group_id`` raises IllegalStateError.
+With a ``group_id`` and ``subscribe``, partitions come from the group instead
+(``group.GroupMember``: JoinGroup/SyncGroup with the group's coordinator). A background
+thread heartbeats every ``heartbeat_interval_ms`` independently of how long the caller
+takes between polls (KIP-62); when the coordinator answers that the group rebalances, the
+next ``poll`` rejoins: with an eager assignor (range, roundrobin) it first revokes every
+partition (``on_partitions_revoked``, after an auto-commit), with cooperative-sticky only
+the partitions that move (KIP-429: it rejoins once more right after revoking them). New
+partitions start at the group's committed offset (else per ``auto_offset_reset``) and are
+announced with ``on_partitions_assigned``. A caller that does not poll for
+``max_poll_interval_ms`` leaves the group (its partitions go to the others) and rejoins at
+its next poll. ``commit`` writes what ``poll`` has returned (or the given offsets) through
+the coordinator, refused (typed error) for a member of an older generation. The seed's
+message streams are not built yet (IllegalStateError).
 """
 
 from __future__ import annotations
@@ -30,15 +41,20 @@ import re
 import time
 from dataclasses import dataclass
 
+import logging
+import threading
+
 from .. import raycompat
 from ..errors import (IllegalStateError, InvalidConfigurationError, OffsetOutOfRangeError,
                       UnknownTopicOrPartitionError)
 from ..protocol import unwrap
 from .config import positive_int, validate_config
+from .group import GroupMember
 from .retry import RetryPolicy, final_error
 from .simple_consumer import fetch_remote
 
 ray = raycompat.ray
+log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "group_id": None,
@@ -49,6 +65,8 @@ DEFAULTS = {
     "heartbeat_interval_ms": 3000,
     "max_poll_records": 500,
     "partition_assignment_strategy": "range",
+    "max_poll_interval_ms": 300000,
+    "group_instance_id": None,
     "offsets_storage": "kafka",
     "key_deserializer": None,
     "value_deserializer": None,
@@ -95,9 +113,10 @@ class Consumer:
                 f"{self.config['auto_offset_reset']!r}")
         positive_int(self.config, "fetch_max_wait_ms")
         positive_int(self.config, "fetch_min_bytes")
-        if self.config["group_id"] is not None:
-            raise IllegalStateError("consumer groups are not built yet: use group_id=None "
-                                    "with assign() or subscribe()")
+        if self.config["offsets_storage"] != "kafka":
+            raise IllegalStateError(
+                f"offsets_storage={self.config['offsets_storage']!r} is not built yet "
+                f"(only 'kafka')")
         self.cluster = cluster
         self.metadata = cluster.metadata
         self._assigned: list[tuple[str, int]] = []
@@ -108,11 +127,35 @@ class Consumer:
         self._backoffs: dict[tuple[str, int], _Backoff] = {}
         self._inflight: dict[tuple[str, int], _InFlight] = {}
         self._closed = False
+        self._group: GroupMember | None = None
+        self._group_topics: list[str] | None = None
+        self._listener = None
+        self._returned: dict[tuple[str, int], int] = {}     # next offset after what poll gave
+        self._rejoin = threading.Event()
+        self._left = threading.Event()
+        self._joining = threading.Event()        # poll's thread is in a join: no beats
+        self._last_poll = time.monotonic()
+        self._last_auto_commit = time.monotonic()
+        self._heartbeat_thread: threading.Thread | None = None
+        if self.config["group_id"] is not None:
+            self._group = GroupMember(
+                self.metadata, self.config["group_id"],
+                strategy=self.config["partition_assignment_strategy"],
+                session_timeout_ms=positive_int(self.config, "session_timeout_ms", 1),
+                rebalance_timeout_ms=positive_int(self.config, "max_poll_interval_ms", 1),
+                group_instance_id=self.config["group_instance_id"],
+                client_id=self.config["client_id"],
+                retry_backoff_ms=self.config["retry_backoff_ms"])
+            positive_int(self.config, "heartbeat_interval_ms", 1)
         if topics:
             self.subscribe(topics)
 
     # -- assignment -------------------------------------------------------------------------
-    def subscribe(self, topics=(), pattern: str | None = None) -> None:
+    def subscribe(self, topics=(), pattern: str | None = None, listener=None) -> None:
+        """Subscribe to ``topics`` or a regex ``pattern`` (topics created later that match
+        are picked up). With a group, ``listener`` (an object with
+        ``on_partitions_revoked(partitions)`` and ``on_partitions_assigned(partitions)``)
+        is called around each rebalance, in ``poll``'s thread."""
         self._check_open()
         if isinstance(topics, str):
             topics = [topics]
@@ -120,19 +163,110 @@ class Consumer:
             raise IllegalStateError("subscribe needs topics or a pattern")
         self._subscription = set(topics)
         self._pattern = re.compile(pattern) if pattern is not None else None
+        self._listener = listener
+        if self._group is not None:
+            self._group_topics = None
+            self._rejoin.set()
+            return
         self._refresh_subscription()
+
+    def _matching_topics(self) -> list[str]:
+        topics = self.metadata.refresh().get("topics", {})
+        return sorted(t for t in topics if t in self._subscription or
+                      (self._pattern is not None and self._pattern.fullmatch(t)))
 
     def _refresh_subscription(self) -> None:
         if not self._subscription and self._pattern is None:
             return
+        if self._group is not None:
+            if self._matching_topics() != self._group_topics:
+                self._rejoin.set()        # a new matching topic: the group assigns it
+            return
         topics = self.metadata.refresh().get("topics", {})
-        wanted = [t for t in topics if t in self._subscription or
-                  (self._pattern is not None and self._pattern.fullmatch(t))]
-        tps = [(t, p) for t in sorted(wanted) for p in sorted(topics[t])]
+        wanted = self._matching_topics()
+        tps = [(t, p) for t in wanted for p in sorted(topics[t])]
         self._set_assignment(tps)
+
+    # -- the group --------------------------------------------------------------------------------
+    def _ensure_group(self) -> None:
+        """Join, or rejoin after a rebalance, before fetching (poll's thread)."""
+        if self._group is None or not (self._subscription or self._pattern is not None):
+            return
+        if self._heartbeat_thread is None:
+            self._heartbeat_thread = threading.Thread(
+                target=self._heartbeat_loop, daemon=True,
+                name=f"raykafka-heartbeat-{self.config['group_id']}")
+            self._heartbeat_thread.start()
+        rounds = 0
+        while self._rejoin.is_set() or self._left.is_set() or not self._group.member_id:
+            rounds += 1
+            if rounds > 10:
+                raise IllegalStateError(f"group {self.config['group_id']!r} did not settle "
+                                        f"in 10 rounds")
+            self._rejoin.clear()
+            self._left.clear()
+            owned = list(self._assigned)
+            if self._group.eager and owned:
+                self._revoke(owned)
+                owned = []
+            self._group_topics = self._matching_topics()
+            self._joining.set()
+            try:
+                new = self._group.join(self._group_topics, owned=owned)
+            finally:
+                self._joining.clear()
+                self._last_poll = time.monotonic()
+            lost = [tp for tp in owned if tp not in new]
+            if lost:                      # cooperative: give these up, then one more round
+                self._revoke(lost)
+                self._rejoin.set()
+            added = [tp for tp in new if tp not in self._assigned]
+            self._set_assignment(new)
+            if added:
+                committed = self._group.committed(added)
+                for tp in added:
+                    if tp in committed:
+                        self._positions[tp] = committed[tp]
+                if self._listener is not None:
+                    self._listener.on_partitions_assigned(list(added))
+
+    def _revoke(self, tps) -> None:
+        """Give up ``tps``: commit what poll returned of them (auto-commit), tell the
+        listener, stop fetching them."""
+        if self.config["enable_auto_commit"]:
+            self._commit_returned(tps, quiet=True)
+        if self._listener is not None:
+            self._listener.on_partitions_revoked(list(tps))
+        self._set_assignment([tp for tp in self._assigned if tp not in tps])
+
+    def _heartbeat_loop(self) -> None:
+        """KIP-62: heartbeats from their own thread, whatever the caller does between
+        polls; a caller silent for max_poll_interval_ms leaves the group."""
+        interval_s = self.config["heartbeat_interval_ms"] / 1000
+        max_poll_s = self.config["max_poll_interval_ms"] / 1000
+        while not self._closed:
+            time.sleep(interval_s if not self._rejoin.is_set() else min(interval_s, 0.1))
+            group = self._group
+            if (self._closed or not group.member_id or self._left.is_set()
+                    or self._joining.is_set()):
+                continue
+            try:
+                if time.monotonic() - self._last_poll > max_poll_s:
+                    log.warning("consumer of group %r: no poll for %.0fs "
+                                "(max_poll_interval_ms): leaving the group",
+                                self.config["group_id"], time.monotonic() - self._last_poll)
+                    group.leave()
+                    self._left.set()
+                    continue
+                if not group.heartbeat():
+                    self._rejoin.set()
+            except Exception as exc:  # noqa: BLE001 - the coordinator moved: next beat
+                log.info("heartbeat of group %r: %r", self.config["group_id"], exc)
 
     def assign(self, partitions) -> None:
         self._check_open()
+        if self._group is not None and self._group.member_id:
+            raise IllegalStateError("assign() after subscribe() in a group: unsubscribe first")
         tps = []
         for tp in partitions:
             topic, partition = tp
@@ -146,6 +280,7 @@ class Consumer:
         self._assigned = list(tps)
         self._positions = {tp: off for tp, off in self._positions.items() if tp in tps}
         self._backoffs = {tp: b for tp, b in self._backoffs.items() if tp in tps}
+        self._returned = {tp: o for tp, o in self._returned.items() if tp in tps}
         self._inflight = {tp: f for tp, f in self._inflight.items() if tp in tps}
         self._buffer = [r for r in self._buffer if (r.topic, r.partition) in self._positions]
 
@@ -153,6 +288,9 @@ class Consumer:
         return set(self._assigned)
 
     def unsubscribe(self) -> None:
+        if self._group is not None and self._group.member_id:
+            self._revoke(list(self._assigned))
+            self._group.leave()
         self._subscription, self._pattern = set(), None
         self._set_assignment([])
 
@@ -175,6 +313,10 @@ class Consumer:
     def position(self, tp) -> int:
         tp = tuple(tp)
         self._require_assigned(tp)
+        if tp not in self._positions and self._group is not None:
+            committed = self._group.committed([tp])
+            if tp in committed:
+                self._positions[tp] = committed[tp]
         if tp not in self._positions:
             reset = -2 if self.config["auto_offset_reset"] == "earliest" else -1
             self._positions[tp] = self._list_offset(tp, reset)
@@ -203,10 +345,36 @@ class Consumer:
 
     # -- commits (groups only) ----------------------------------------------------------------
     def commit(self, offsets=None) -> None:
-        raise IllegalStateError("commit needs a group_id (consumer groups are not built yet)")
+        """Commit ``{(topic, partition): offset}`` (the next offset to read), or with None
+        everything ``poll`` has returned so far. Refused with the coordinator's typed error
+        (IllegalGenerationError, RebalanceInProgressError, UnknownMemberIdError) when this
+        member's generation is no longer current: nothing is committed then."""
+        self._check_open()
+        if self._group is None:
+            raise IllegalStateError("commit needs a group_id")
+        if offsets is None:
+            offsets = {tp: off for tp, off in self._returned.items() if tp in self._assigned}
+        offsets = {tuple(tp): off for tp, off in dict(offsets).items()}
+        if offsets:
+            self._group.commit(offsets)
+
+    def _commit_returned(self, tps, quiet: bool = False) -> None:
+        offsets = {tp: self._returned[tp] for tp in tps if tp in self._returned}
+        if not offsets:
+            return
+        try:
+            self._group.commit(offsets)
+            self._last_auto_commit = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - an auto-commit is best effort
+            if not quiet:
+                raise
+            log.info("auto-commit of group %r failed: %r", self.config["group_id"], exc)
 
     def committed(self, tp):
-        return None
+        """The group's committed offset of ``tp`` (None: nothing committed, or no group)."""
+        if self._group is None:
+            return None
+        return self._group.committed([tuple(tp)]).get(tuple(tp))
 
     # -- fetching -------------------------------------------------------------------------------
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
@@ -214,8 +382,15 @@ class Consumer:
         none, fetch rounds (long polls at the leaders) until some arrive or ``timeout_ms``
         is over. See the module docstring."""
         self._check_open()
+        self._last_poll = time.monotonic()
         if self._pattern is not None or self._subscription:
             self._refresh_subscription()
+        self._ensure_group()
+        if (self._group is not None and self.config["enable_auto_commit"]
+                and (time.monotonic() - self._last_auto_commit) * 1000
+                >= self.config["auto_commit_interval_ms"]):
+            self._commit_returned(list(self._assigned), quiet=True)
+            self._last_auto_commit = time.monotonic()
         limit = max_records or self.config["max_poll_records"]
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         while not self._buffer:
@@ -231,6 +406,8 @@ class Consumer:
         out: dict = {}
         for rec in taken:
             out.setdefault((rec.topic, rec.partition), []).append(rec)
+            self._returned[(rec.topic, rec.partition)] = rec.offset + 1
+        self._last_poll = time.monotonic()
         return out
 
     def _fetch_round(self, max_wait_ms: int, deadline_s: float) -> None:
@@ -352,6 +529,13 @@ class Consumer:
         raise IllegalStateError("message streams need consumer groups, not built yet")
 
     def close(self) -> None:
+        """Leave the group (after an auto-commit of what poll returned) and stop."""
+        if self._closed:
+            return
+        if self._group is not None and self._group.member_id:
+            if self.config["enable_auto_commit"]:
+                self._commit_returned(list(self._assigned), quiet=True)
+            self._group.leave()
         self._closed = True
         self._buffer = []
         self._inflight = {}

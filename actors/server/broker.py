@@ -35,15 +35,24 @@ from coordination.store import ZkStore
 from storage.checkpoint import write_atomic
 
 from .. import raycompat
-from ..errors import (BrokerIdInUseError, InconsistentClusterIdError, NotControllerError,
-                      RequestTimedOutError, ZooKeeperUnavailableError)
-from ..protocol import broker_actor_name, controller_actor_name, unwrap
+from ..errors import (BrokerIdInUseError, CoordinatorNotAvailableError, IllegalArgumentError,
+                      InconsistentClusterIdError, NotControllerError, RequestTimedOutError,
+                      TopicAlreadyExistsError, ZooKeeperUnavailableError)
+from ..protocol import (OFFSETS_TOPIC, broker_actor_name, controller_actor_name,
+                        group_coordinator_actor_name, unwrap)
 from .admin_manager import AdminManager
 from .controller import Controller
+from .group_coordinator import GroupCoordinator
+from .group_offsets import offsets_partition
 from .replica import read_partition_topic_id
 from .replica_manager import RayReplicaActors, ReplicaManager, topic_log_defaults  # noqa: F401
 
 log = logging.getLogger(__name__)
+
+#: __consumer_offsets defaults. Kafka's are 50 partitions and replication factor 3; here a
+#: partition replica is a process, so fewer partitions (still spreading the coordinators).
+DEFAULT_OFFSETS_PARTITIONS = 6
+DEFAULT_OFFSETS_REPLICATION = 3
 
 #: How long a forwarded ISR change waits for the controller. Short: a paused controller
 #: must not hold a leader's proposal long after another controller took over (the replica
@@ -110,6 +119,8 @@ class Broker:
         self.controller = None
         self._stopping = threading.Event()
         self._controller_cache = None                   # (broker id, Controller handle)
+        self.coordinator = None                         # created on first offsets partition
+        self._coordinator_lock = threading.Lock()
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -291,6 +302,9 @@ class Broker:
         asked = []
         if self.controller is not None:
             asked.append(("controller", controller_actor_name(self.broker_id), self.controller))
+        if self.coordinator is not None:
+            asked.append(("coordinator", group_coordinator_actor_name(self.broker_id),
+                          self.coordinator))
         for (topic, p), handle in self.replica_manager.handles().items():
             asked.append(("replica", f"{topic}-{p}", handle))
         refs = [h.__ray_call__.remote(_own_process) for _, _, h in asked]
@@ -309,6 +323,11 @@ class Broker:
         if self.controller is not None:
             try:
                 ray.get(self.controller.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        if self.coordinator is not None:
+            try:
+                ray.kill(self.coordinator, no_restart=True)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         self.replica_manager.shutdown()
@@ -340,11 +359,77 @@ class Broker:
     def leader_and_isr(self, controller_epoch: int, partitions: list[dict],
                        request_id: int = 0) -> list[dict]:
         """One row per partition: ``{"topic", "partition", "error"}`` (None on success)."""
-        return self.replica_manager.leader_and_isr(controller_epoch, partitions, request_id)
+        rows = self.replica_manager.leader_and_isr(controller_epoch, partitions, request_id)
+        offsets = [(p["partition"], p["leader"] == self.broker_id, p.get("leader_epoch", -1))
+                   for p, row in zip(partitions, rows)
+                   if p["topic"] == OFFSETS_TOPIC and row["error"] is None]
+        if offsets:
+            self._tell_coordinator(offsets, (controller_epoch, request_id))
+        return rows
 
     def stop_replicas(self, controller_epoch: int, partitions: list, delete: bool,
                       request_id: int = 0) -> None:
         self.replica_manager.stop_replicas(controller_epoch, partitions, delete, request_id)
+        gone = [(int(p), False, -1) for t, p in (tuple(tp) for tp in partitions)
+                if t == OFFSETS_TOPIC]
+        if gone and self.coordinator is not None:
+            self._tell_coordinator(gone, (controller_epoch, request_id))
+
+    # -- consumer groups ---------------------------------------------------------------------------
+    def _offsets_partition_count(self) -> int | None:
+        with self._lock:
+            parts = (self.metadata.get("topics") or {}).get(OFFSETS_TOPIC)
+        return len(parts) if parts else None
+
+    def _tell_coordinator(self, changes: list, stamp: tuple) -> None:
+        """Role changes of __consumer_offsets partitions here, to this broker's
+        GroupCoordinator (created on the first one), stamped with the controller request
+        that made them: requests run in parallel threads, so their notices can arrive out
+        of order, and the coordinator keeps the newest per partition."""
+        count = self._offsets_partition_count() or int(
+            self.config.get("offsets.topic.num.partitions", DEFAULT_OFFSETS_PARTITIONS))
+        with self._coordinator_lock:
+            if self.coordinator is None:
+                self.coordinator = ray.remote(GroupCoordinator).options(
+                    name=group_coordinator_actor_name(self.broker_id),
+                    namespace=self.namespace, num_cpus=0, get_if_exists=True,
+                    scheduling_strategy=raycompat.this_node(),
+                ).remote(self.broker_id, self.conf)
+            self.coordinator.partitions_changed.remote(count, changes, list(stamp))
+
+    def find_coordinator(self, group_id: str) -> dict:
+        """Where group ``group_id``'s coordinator is: ``{"broker_id", "partition"}``. The
+        offsets topic is created on first use (compacted, ``offsets.topic.num.partitions``
+        partitions, replication factor ``offsets.topic.replication.factor`` capped by the
+        live brokers); CoordinatorNotAvailableError until its partition has a leader."""
+        if not isinstance(group_id, str) or not group_id:
+            raise IllegalArgumentError(f"group_id must be a non-empty str, got {group_id!r}")
+        count = self._offsets_partition_count()
+        if count is None:
+            self._create_offsets_topic()
+            raise CoordinatorNotAvailableError(f"{OFFSETS_TOPIC} is being created")
+        partition = offsets_partition(group_id, count)
+        with self._lock:
+            state = self.metadata["topics"][OFFSETS_TOPIC].get(partition) or {}
+        leader = state.get("leader", -1)
+        if leader is None or leader < 0:
+            raise CoordinatorNotAvailableError(
+                f"{OFFSETS_TOPIC}-{partition} (group {group_id!r}) has no leader")
+        return {"broker_id": leader, "partition": partition}
+
+    def _create_offsets_topic(self) -> None:
+        live = self._live_brokers() or {self.broker_id}
+        rf = min(int(self.config.get("offsets.topic.replication.factor",
+                                     DEFAULT_OFFSETS_REPLICATION)), len(live))
+        count = int(self.config.get("offsets.topic.num.partitions",
+                                    DEFAULT_OFFSETS_PARTITIONS))
+        config = {"cleanup.policy": "compact", "segment.bytes": str(100 << 20),
+                  "min.insync.replicas": str(min(rf, int(self.config.get(
+                      "min.insync.replicas", 1))))}
+        try:
+            self.admin.create_topic(OFFSETS_TOPIC, count, rf, config)
+        except TopicAlreadyExistsError:
+            pass
 
     def update_metadata(self, controller_epoch: int, metadata: dict,
                         request_id: int = 0) -> bool:

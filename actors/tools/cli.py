@@ -389,17 +389,69 @@ def _acks(text: str):
     return "all" if text in ("all", "-1") else int(text)
 
 
+def _data_stdout():
+    """Standard output for records only: Ray prints the raylet's warnings (for example
+    "N PYTHON worker processes have been started") to every driver's ``sys.stdout``,
+    which would mix them into the data. From here on ``sys.stdout`` is stderr; the records
+    go to the original standard output."""
+    sys.stdout.flush()
+    data = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    return data
+
+
+def _write_record(out, r, args, key_sep: bytes) -> None:
+    if args.print_key:
+        out.write((r.key if r.key is not None else b"null") + key_sep)
+    out.write((r.value if r.value is not None else b"null") + b"\n")
+
+
+def _consume_group(args) -> int:
+    """consume --group: a member of the group (its share of the partitions, from the
+    group's committed offsets), committing what it printed."""
+    if not args.group:
+        raise UsageError("--group needs a non-empty name")
+    cluster = connect(args.namespace)
+    cluster.metadata.partitions_for(args.topic)          # an unknown topic fails here
+    consumer = cluster.consumer(group_id=args.group, enable_auto_commit=True,
+                                auto_offset_reset="earliest" if args.from_beginning
+                                else "latest")
+    consumer.subscribe([args.topic])
+    out = _data_stdout()
+    key_sep = (args.key_separator or "\t").encode()
+    count, limit = 0, args.max_messages
+    idle_since = time.monotonic()
+    try:
+        while limit is None or count < limit:
+            got = consumer.poll(timeout_ms=500,
+                                max_records=None if limit is None else limit - count)
+            for _, records in sorted(got.items()):
+                for r in records:
+                    _write_record(out, r, args, key_sep)
+                    count += 1
+            out.flush()
+            if got:
+                idle_since = time.monotonic()
+            elif args.timeout_ms is not None and \
+                    (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+                break
+        consumer.commit()
+    finally:
+        consumer.close()
+    _err(f"Processed a total of {count} messages")
+    return 0
+
+
 def cmd_consume(args) -> int:
-    if args.group is not None:
-        raise UsageError("consumer groups are not built yet: consume without --group "
-                         "(reads every partition with the simple consumer)")
     _check_topic_name(args.topic)
+    if args.group is not None:
+        return _consume_group(args)
     cluster = connect(args.namespace)
     partitions = cluster.metadata.partitions_for(args.topic)
     consumer = cluster.simple_consumer()
     when = -2 if args.from_beginning else -1
     positions = {p: consumer.offsets_before(args.topic, p, when)[0] for p in partitions}
-    out = sys.stdout.buffer
+    out = _data_stdout()
     key_sep = (args.key_separator or "\t").encode()
     count = 0
     limit = args.max_messages
@@ -412,9 +464,7 @@ def cmd_consume(args) -> int:
             for r in records:
                 if limit is not None and count >= limit:
                     break
-                if args.print_key:
-                    out.write((r.key if r.key is not None else b"null") + key_sep)
-                out.write((r.value if r.value is not None else b"null") + b"\n")
+                _write_record(out, r, args, key_sep)
                 count += 1
                 positions[p] = r.offset + 1
                 any_new = True
@@ -473,7 +523,28 @@ def read_reassignment_plan(path: str) -> dict:
 
 
 def cmd_groups(args) -> int:
-    raise UsageError("consumer groups are not built yet")
+    admin = connect(args.namespace).admin()
+    if args.groups_command == "list":
+        for name in admin.list_groups():
+            print(name)
+        return 0
+    desc = admin.describe_group(args.group)
+    owner = {tp: mid for mid, tps in desc["members"].items() for tp in tps}
+    print(f"GROUP {desc['group']}  state {desc['state']}  generation {desc['generation']}  "
+          f"assignor {desc['protocol'] or '-'}  members {len(desc['members'])}")
+    rows = [("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID")]
+    for tp in sorted(set(desc["offsets"]) | set(owner)):
+        o = desc["offsets"].get(tp, {})
+        rows.append((tp[0], str(tp[1]), _dash(o.get("committed")), _dash(o.get("log_end")),
+                     _dash(o.get("lag")), owner.get(tp, "-")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
 
 
 # -- perf ------------------------------------------------------------------------------------
@@ -616,7 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--print-key", action="store_true")
     s.add_argument("--key-separator", default=None, help="between key and value (default tab)")
 
-    groups = sub.add_parser("groups", help="consumer groups (not built yet)")
+    groups = sub.add_parser("groups", help="consumer groups: list, describe (lag)")
     gsub = groups.add_subparsers(dest="groups_command", metavar="ACTION", parser_class=_Parser)
     gsub.required = True
     cmd(gsub, "list", cmd_groups, "list groups")

@@ -1,0 +1,239 @@
+"""GroupMember: one consumer's side of the group protocol (Kafka's ConsumerCoordinator),
+usable in a driver, a Ray task or a Ray actor. The Consumer and the member actors build on
+it; it does no fetching itself.
+
+- ``coordinator()`` finds the group's coordinator: any broker's ``find_coordinator`` names
+  the broker leading the group's ``__consumer_offsets`` partition (creating the topic on
+  first use), whose ``group-coordinator-<id>`` actor serves the group.
+- ``join()`` runs JoinGroup then SyncGroup until it holds an assignment of the current
+  generation: the leader computes the assignment with the group's assignor
+  (``assignors.py``) from every member's subscription; it retries what Kafka's client
+  retries (a coordinator that moved or is loading, a rebalance that restarted, an unknown
+  member id: rejoin as new), within ``rebalance_timeout_ms``-bounded attempts.
+- ``heartbeat()`` is one Heartbeat; it answers True while the generation is current, False
+  when the member must rejoin (a rebalance started, or its generation or membership is
+  gone), which the caller does after revoking what it must.
+- ``commit(offsets)`` / ``committed(tps)`` / ``leave()``.
+
+Subscriptions travel as plain dicts (``{"topics", "streams", "owned", "generation"}``), so
+the coordinator never imports the assignors.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableError,
+                      FencedInstanceIdError, IllegalArgumentError, IllegalGenerationError,
+                      KafkaTimeoutError, NoBrokersAvailable, NotCoordinatorError,
+                      RebalanceInProgressError, UnknownMemberIdError)
+from ..protocol import group_coordinator_actor_name, unwrap
+from .assignors import EAGER, Subscription, assignor
+from .metadata import broker_handle
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_TYPE = "consumer"
+CALL_TIMEOUT_S = 30.0
+#: Errors after which the coordinator is looked up again.
+_MOVED = (NotCoordinatorError, CoordinatorNotAvailableError)
+
+
+def _ray():
+    from .. import raycompat
+    return raycompat.ray
+
+
+class GroupMember:
+    """See the module docstring. Thread-safe: one lock around the member's state."""
+
+    def __init__(self, metadata, group_id: str, *, strategy: str = "range",
+                 session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 300_000,
+                 group_instance_id: str | None = None, client_id: str = "raykafka",
+                 retry_backoff_ms: int = 100):
+        if not isinstance(group_id, str) or not group_id:
+            raise IllegalArgumentError(f"group_id must be a non-empty str, got {group_id!r}")
+        assignor(strategy)                              # an unknown name raises here
+        self.metadata = metadata
+        self.group_id = group_id
+        self.strategy = strategy
+        self.eager = strategy in EAGER
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.group_instance_id = group_instance_id
+        self.client_id = client_id
+        self.backoff_s = retry_backoff_ms / 1000
+        self.member_id = ""
+        self.generation = -1
+        self.assignment: list[tuple[str, int]] = []
+        self.is_leader = False
+        self._handle = None
+        self._lock = threading.RLock()
+
+    # -- the coordinator ---------------------------------------------------------------------------
+    def coordinator(self, *, refresh: bool = False):
+        with self._lock:
+            if self._handle is not None and not refresh:
+                return self._handle
+            ray = _ray()
+            ids = list((self.metadata.snapshot().get("brokers") or {}).keys())
+            ids = [int(b) for b in ids] or list(self.metadata._candidate_ids())
+            random.shuffle(ids)
+            last = None
+            for bid in ids:
+                try:
+                    found = ray.get(broker_handle(self.metadata.namespace, bid)
+                                    .find_coordinator.remote(self.group_id),
+                                    timeout=CALL_TIMEOUT_S)
+                    self._handle = ray.get_actor(group_coordinator_actor_name(found["broker_id"]),
+                                                 namespace=self.metadata.namespace)
+                    return self._handle
+                except Exception as exc:  # noqa: BLE001 - another broker may know
+                    last = unwrap(exc)
+                    if isinstance(last, ValueError):        # no coordinator actor yet
+                        last = CoordinatorNotAvailableError(str(last))
+            if isinstance(last, Exception):
+                raise last
+            raise NoBrokersAvailable(f"no broker answered find_coordinator ({last!r})")
+
+    def _call(self, method: str, *args, timeout_s: float = CALL_TIMEOUT_S):
+        ray = _ray()
+        handle = self.coordinator()
+        try:
+            return ray.get(getattr(handle, method).remote(*args), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise KafkaTimeoutError(f"{method} of group {self.group_id!r}: no answer in "
+                                    f"{timeout_s}s") from None
+        except Exception as exc:  # noqa: BLE001 - the coordinator's typed error, unwrapped
+            err = unwrap(exc)
+            if isinstance(err, _MOVED) or isinstance(err, ray.exceptions.RayActorError):
+                with self._lock:
+                    self._handle = None
+                if isinstance(err, ray.exceptions.RayActorError):
+                    raise CoordinatorNotAvailableError(
+                        f"the coordinator of {self.group_id!r} died: {err}") from None
+            raise err from None
+
+    # -- membership ------------------------------------------------------------------------------
+    def join(self, topics, *, streams: dict | None = None, owned=(),
+             timeout_s: float | None = None) -> list[tuple[str, int]]:
+        """Join (or rejoin) subscribed to ``topics``; returns this member's assignment of
+        the new generation."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None
+                                       else self.rebalance_timeout_ms / 1000 + 30)
+        subscription = {"topics": sorted(set(topics)), "streams": dict(streams or {}),
+                        "owned": [list(tp) for tp in owned], "generation": self.generation}
+        while True:
+            try:
+                return self._join_once(subscription)
+            except (CoordinatorLoadInProgressError, RebalanceInProgressError,
+                    IllegalGenerationError, KafkaTimeoutError, NoBrokersAvailable,
+                    *_MOVED) as exc:
+                last = exc
+            except UnknownMemberIdError as exc:
+                last = exc
+                with self._lock:
+                    self.member_id, self.generation = "", -1
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(f"could not join group {self.group_id!r}: "
+                                        f"{last}") from last
+            time.sleep(self.backoff_s * (0.5 + random.random()))
+
+    def _join_once(self, subscription: dict) -> list[tuple[str, int]]:
+        joined = self._call("join_group", self.group_id, self.member_id, PROTOCOL_TYPE,
+                            [(self.strategy, subscription)], self.session_timeout_ms,
+                            self.rebalance_timeout_ms, self.group_instance_id,
+                            self.client_id, timeout_s=self.rebalance_timeout_ms / 1000 + 30)
+        with self._lock:
+            self.member_id = joined["member_id"]
+            self.generation = joined["generation"]
+            self.is_leader = joined["leader_id"] == self.member_id
+        assignments = None
+        if self.is_leader and joined["members"] is not None:
+            assignments = self._assign(joined["protocol"], joined["members"])
+        mine = self._call("sync_group", self.group_id, self.member_id, joined["generation"],
+                          assignments)
+        with self._lock:
+            self.assignment = sorted((t, int(p)) for t, p in (mine or []))
+            return list(self.assignment)
+
+    def _assign(self, protocol: str, members: dict) -> dict:
+        """The leader's work: every member's assignment from their subscriptions."""
+        subs = {mid: Subscription(tuple(meta.get("topics", ())),
+                                  streams=dict(meta.get("streams") or {}),
+                                  owned=tuple((t, int(p)) for t, p in meta.get("owned", ())),
+                                  generation=int(meta.get("generation", -1)))
+                for mid, (_, meta) in members.items()}
+        topics = {t for s in subs.values() for t in s.topics}
+        counts = {}
+        for topic in sorted(topics):
+            try:
+                counts[topic] = len(self.metadata.partitions_for(topic))
+            except Exception:  # noqa: BLE001 - a topic that does not exist (yet): skipped
+                continue
+        result = assignor(protocol)(subs, counts)
+        if hasattr(result, "assignment"):               # cooperative: this round's part
+            result = result.assignment
+        return {mid: [list(tp) for tp in tps] for mid, tps in result.items()}
+
+    def heartbeat(self) -> bool:
+        """True while this member's generation is current; False: rejoin. An answer about
+        a (member, generation) this member has left meanwhile (a join ran concurrently)
+        is ignored (True)."""
+        with self._lock:
+            member_id, generation = self.member_id, self.generation
+        if not member_id:
+            return False
+        try:
+            self._call("heartbeat", self.group_id, member_id, generation, timeout_s=10)
+            return True
+        except (RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError,
+                FencedInstanceIdError) as exc:
+            with self._lock:
+                if (self.member_id, self.generation) != (member_id, generation):
+                    return True
+                if isinstance(exc, (UnknownMemberIdError, FencedInstanceIdError)):
+                    self.member_id, self.generation = "", -1
+            return False
+
+    def leave(self) -> None:
+        if not self.member_id:
+            return
+        try:
+            self._call("leave_group", self.group_id, self.member_id, timeout_s=10)
+        except Exception as exc:  # noqa: BLE001 - the session timeout removes it anyway
+            log.info("leave_group of %r: %r", self.group_id, exc)
+        with self._lock:
+            self.member_id, self.generation, self.assignment = "", -1, []
+
+    # -- offsets ----------------------------------------------------------------------------------
+    def commit(self, offsets: dict) -> None:
+        """Commit ``{(topic, partition): offset | (offset, metadata)}`` as this member of
+        its generation (IllegalGenerationError / UnknownMemberIdError /
+        RebalanceInProgressError if it is not current: nothing is committed). Without a
+        member id (manual assignment) only while the group has no members."""
+        last = None
+        for _ in range(20):
+            try:
+                return self._call("commit_offsets", self.group_id, self.member_id,
+                                  self.generation if self.member_id else -1, dict(offsets))
+            except (CoordinatorLoadInProgressError, *_MOVED) as exc:
+                last = exc
+                time.sleep(self.backoff_s)
+        raise last
+
+    def committed(self, partitions=None) -> dict:
+        """``{(topic, partition): offset}`` committed for the group."""
+        last = None
+        for _ in range(20):
+            try:
+                got = self._call("fetch_offsets", self.group_id,
+                                 None if partitions is None else [list(tp) for tp in partitions])
+                return {tuple(tp): off for tp, (off, _meta) in got.items()}
+            except (CoordinatorLoadInProgressError, *_MOVED) as exc:
+                last = exc
+                time.sleep(self.backoff_s)
+        raise last

@@ -1,0 +1,177 @@
+"""Consumer groups against a real cluster (ZooKeeper, local Ray, RF=3 __consumer_offsets):
+GroupMember's join/sync through the broker's GroupCoordinator, generation fencing of
+commits, committed offsets surviving the coordinator's broker, and session expiry."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from actors import Cluster
+from actors.client.group import GroupMember
+from actors.errors import IllegalGenerationError, UnknownMemberIdError
+from actors.protocol import OFFSETS_TOPIC
+from cluster_helpers import FAST_CONFIG, ray, unique_namespace, wait_until
+from cluster_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
+
+CONFIG = {**FAST_CONFIG, "offsets.topic.num.partitions": 2,
+          "offsets.topic.replication.factor": 3, "group.initial.rebalance.delay.ms": 0,
+          "group.min.session.timeout.ms": 1000}
+SESSION_MS = 3000
+
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster.start(num_brokers=3, namespace=unique_namespace("grp"), config=CONFIG)
+    c.admin().create_topic("ev", partitions=6, replication_factor=1)
+    yield c
+    c.shutdown()
+
+
+def member(cluster, group="g", **kw) -> GroupMember:
+    return GroupMember(cluster.metadata, group, session_timeout_ms=SESSION_MS,
+                       rebalance_timeout_ms=10_000, **kw)
+
+
+def join_all(members, topics=("ev",)):
+    """Every member joins at once (threads), as members of one generation must."""
+    out, errors = {}, []
+
+    def run(m):
+        try:
+            out[m] = m.join(topics)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(m,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return out
+
+
+def settle(members, topics=("ev",)):
+    """Heartbeat until every member holds an assignment of one, current generation."""
+    def stable():
+        if all(m.heartbeat() for m in members) and len({m.generation for m in members}) == 1:
+            return True
+        join_all([m for m in members], topics)
+        return False
+    wait_until(stable, timeout_s=60, interval_s=0.1, what="one stable generation")
+
+
+def test_members_split_the_partitions_and_the_offsets_topic_is_created(cluster):
+    """Three members of a new group: the offsets topic is created (compacted, RF 3), and
+    once stable the six partitions are split two each, disjoint, in one generation."""
+    members = [member(cluster) for _ in range(3)]
+    join_all(members)
+    settle(members)
+    got = [set(m.assignment) for m in members]
+    assert set().union(*got) == {("ev", p) for p in range(6)}
+    assert sum(len(a) for a in got) == 6 and all(len(a) == 2 for a in got)
+    rows = cluster.admin().describe_topic(OFFSETS_TOPIC)
+    assert len(rows) == 2 and all(len(r["replicas"]) == 3 for r in rows)
+    assert cluster.admin().topic_config(OFFSETS_TOPIC)["cleanup.policy"] == "compact"
+
+
+def test_a_member_of_an_older_generation_cannot_commit(cluster):
+    """After a rebalance the old generation's commit is refused (no split brain); the
+    current generation's commit is stored and read back."""
+    a = member(cluster)
+    a.join(["ev"])
+    old_generation = a.generation
+    b = member(cluster)
+    settle([a, b])
+    assert a.generation > old_generation
+    stale = GroupMember(cluster.metadata, "g")
+    stale.member_id, stale.generation = a.member_id, old_generation
+    with pytest.raises(IllegalGenerationError):
+        stale.commit({("ev", 0): 5})
+    a.commit({tp: 10 + tp[1] for tp in a.assignment})
+    assert a.committed() == {tp: 10 + tp[1] for tp in a.assignment}
+    with pytest.raises(UnknownMemberIdError):
+        GroupMember(cluster.metadata, "g").commit({("ev", 0): 1})
+
+
+def test_committed_offsets_survive_the_coordinators_broker(cluster):
+    """Offsets committed with acks=all are still there when the coordinator's broker is
+    killed: the new leader of the offsets partition loads them and answers."""
+    m = member(cluster, group="durable")
+    m.join(["ev"])
+    m.commit({("ev", p): 100 + p for p in range(6)})
+    broker_id = ray.get(cluster.broker(cluster.broker_ids()[0]).find_coordinator.remote(
+        "durable"), timeout=30)["broker_id"]
+    cluster.kill_broker(broker_id)
+    reader = GroupMember(cluster.metadata, "durable")
+    got = wait_until(lambda: reader.committed() or None, timeout_s=60,
+                     what="offsets from the new coordinator")
+    assert got == {("ev", p): 100 + p for p in range(6)}
+
+
+def test_a_member_that_stops_heartbeating_loses_its_partitions(cluster):
+    """A member that stops heartbeating is expired after its session timeout: the others
+    are told to rejoin and share all six partitions."""
+    a, b, c = (member(cluster, group="expiry") for _ in range(3))
+    join_all([a, b, c])
+    settle([a, b, c])
+    # c goes silent; a and b keep heartbeating until they are told to rejoin
+    wait_until(lambda: not (a.heartbeat() and b.heartbeat()), timeout_s=SESSION_MS / 1000 + 10,
+               interval_s=0.2, what="a rebalance after c's session timed out")
+    settle([a, b])
+    assert set(a.assignment) | set(b.assignment) == {("ev", p) for p in range(6)}
+
+
+class Listener:
+    def __init__(self):
+        self.revoked, self.assigned = [], []
+
+    def on_partitions_revoked(self, tps):
+        self.revoked.append(sorted(tps))
+
+    def on_partitions_assigned(self, tps):
+        self.assigned.append(sorted(tps))
+
+
+def test_two_consumers_share_a_topic_and_the_survivor_resumes_from_the_commits(cluster):
+    """Two Consumers of one group read disjoint shares of a topic (listener told of each
+    assignment); offsets are committed when partitions are revoked (auto-commit) and at
+    close, so the survivor, assigned every partition after the other closes, reads on from
+    the commits: every record exactly once across the two."""
+    with cluster.producer() as producer:
+        producer.send_batch("ev", [b"r%03d" % i for i in range(120)]).wait(timeout=60)
+    conf = dict(group_id="readers", auto_offset_reset="earliest", enable_auto_commit=True,
+                session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300)
+    la, lb = Listener(), Listener()
+    a, b = cluster.consumer(**conf), cluster.consumer(**conf)
+    a.subscribe(["ev"], listener=la)
+    b.subscribe(["ev"], listener=lb)
+    seen = {a: [], b: []}
+
+    def drain(c, until):
+        while not until():
+            for recs in c.poll(timeout_ms=200).values():
+                seen[c].extend(r.value for r in recs)
+
+    stop = threading.Event()
+    tb = threading.Thread(target=drain, args=(b, stop.is_set))
+    tb.start()
+    try:
+        drain(a, lambda: len(seen[a]) + len(seen[b]) >= 120 and a.assignment()
+              and b.assignment() and not (a.assignment() & b.assignment()))
+    finally:
+        stop.set()
+        tb.join(timeout=60)
+    assert a.assignment() | b.assignment() == {("ev", p) for p in range(6)}
+    assert la.assigned and lb.assigned
+    b.close()
+    more = []
+    wait_until(lambda: (more.extend(r.value for recs in a.poll(timeout_ms=200).values()
+                                    for r in recs) or True)
+               and a.assignment() == {("ev", p) for p in range(6)},
+               timeout_s=60, what="the survivor owns every partition")
+    a.close()
+    everything = seen[a] + seen[b] + more
+    assert sorted(everything) == sorted(b"r%03d" % i for i in range(120))
