@@ -100,6 +100,21 @@ def attach(address: str, namespace: str, *, auth_mode: str | None = None, **kwar
         raise ClusterNotFoundError(f"no Ray cluster to attach to at {address!r}: {exc}") from None
 
 
+def ray_messages_to_stderr() -> None:
+    """Print what Ray pushes to this driver (the raylet's warnings, such as "N PYTHON
+    worker processes have been started") on stderr. Ray prints them on ``sys.stdout``
+    (``worker.print_to_stdstream`` with ``is_err`` False) even with
+    ``log_to_driver=False``, which mixes them into the data of a command whose output is
+    data (``raykafka consume``, ``perf --json``)."""
+    import ray._private.worker as worker
+    original = getattr(worker.print_to_stdstream, "__wrapped__", worker.print_to_stdstream)
+
+    def to_stderr(data, ignore_prefix):
+        return original(dict(data, is_err=True), ignore_prefix)
+    to_stderr.__wrapped__ = original
+    worker.print_to_stdstream = to_stderr
+
+
 def auth_mode() -> str:
     """This process's Ray auth mode as ``RAY_AUTH_MODE`` spells it: "token" or "disabled"."""
     from ray._raylet import AuthenticationMode, get_authentication_mode

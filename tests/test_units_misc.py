@@ -131,3 +131,20 @@ def test_metadata_forgets_a_cached_no_leader_answer_and_dropped_handles():
     assert md._handles == {("u", 0, 1, 3): "other"}
     md.invalidate()
     assert md._handles == {}
+
+
+def test_ray_messages_go_to_stderr_once_redirected(capsys):
+    """After raycompat.ray_messages_to_stderr, what Ray pushes to a driver (the raylet's
+    warnings) is printed on stderr, not in the command's stdout data."""
+    import ray._private.worker as worker
+
+    from actors import raycompat
+    original = worker.print_to_stdstream
+    try:
+        raycompat.ray_messages_to_stderr()
+        worker.print_to_stdstream({"lines": ["raylet says hi"], "pid": "raylet",
+                                   "is_err": False}, ignore_prefix=False)
+        out, err = capsys.readouterr()
+        assert "raylet says hi" not in out and "raylet says hi" in err
+    finally:
+        worker.print_to_stdstream = original

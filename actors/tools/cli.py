@@ -66,6 +66,9 @@ def connect(namespace: str):
             address = daemon.require_ready(namespace)["ray_address"]
         raycompat.attach(address, namespace, auth_mode=(state or {}).get("ray_auth_mode"),
                          logging_level=logging.WARNING)
+    # stdout is this command's output (records, tables, JSON): Ray's own messages go to
+    # stderr (docs/ray-notes.md)
+    raycompat.ray_messages_to_stderr()
     return Cluster.connect(namespace)
 
 
@@ -76,6 +79,7 @@ def _start_embedded(brokers: int = 3):
     from .. import raycompat
     from ..cluster import Cluster
     raycompat.init_local("raykafka-embedded", logging_level=logging.WARNING)
+    raycompat.ray_messages_to_stderr()
     ns = f"embedded-{os.getpid()}"
     return Cluster.start(num_brokers=brokers, namespace=ns)
 
@@ -389,17 +393,6 @@ def _acks(text: str):
     return "all" if text in ("all", "-1") else int(text)
 
 
-def _data_stdout():
-    """Standard output for records only: Ray prints the raylet's warnings (for example
-    "N PYTHON worker processes have been started") to every driver's ``sys.stdout``,
-    which would mix them into the data. From here on ``sys.stdout`` is stderr; the records
-    go to the original standard output."""
-    sys.stdout.flush()
-    data = sys.stdout.buffer
-    sys.stdout = sys.stderr
-    return data
-
-
 def _write_record(out, r, args, key_sep: bytes) -> None:
     if args.print_key:
         out.write((r.key if r.key is not None else b"null") + key_sep)
@@ -417,7 +410,7 @@ def _consume_group(args) -> int:
                                 auto_offset_reset="earliest" if args.from_beginning
                                 else "latest")
     consumer.subscribe([args.topic])
-    out = _data_stdout()
+    out = sys.stdout.buffer
     key_sep = (args.key_separator or "\t").encode()
     count, limit = 0, args.max_messages
     idle_since = time.monotonic()
@@ -451,7 +444,7 @@ def cmd_consume(args) -> int:
     consumer = cluster.simple_consumer()
     when = -2 if args.from_beginning else -1
     positions = {p: consumer.offsets_before(args.topic, p, when)[0] for p in partitions}
-    out = _data_stdout()
+    out = sys.stdout.buffer
     key_sep = (args.key_separator or "\t").encode()
     count = 0
     limit = args.max_messages
