@@ -106,7 +106,8 @@ class ZkClient:
 
     @property
     def session_id(self) -> int | None:
-        """The current session id (changes after an expiry), None before the first connect."""
+        """The current session id (changes after an expiry); None while not connected
+        (kazoo names its session only while connected, even if the session lives on)."""
         client_id = self.kazoo.client_id
         return client_id[0] if client_id else None
 
