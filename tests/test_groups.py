@@ -58,7 +58,7 @@ def settle(members, topics=("ev",)):
     def stable():
         if all(m.heartbeat() for m in members) and len({m.generation for m in members}) == 1:
             return True
-        join_all([m for m in members], topics)
+        join_all(members, topics)
         return False
     wait_until(stable, timeout_s=60, interval_s=0.1, what="one stable generation")
 

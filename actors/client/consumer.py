@@ -170,8 +170,9 @@ class Consumer:
             return
         self._refresh_subscription()
 
-    def _matching_topics(self) -> list[str]:
-        topics = self.metadata.refresh().get("topics", {})
+    def _matching_topics(self, topics: dict | None = None) -> list[str]:
+        if topics is None:
+            topics = self.metadata.refresh().get("topics", {})
         return sorted(t for t in topics if t in self._subscription or
                       (self._pattern is not None and self._pattern.fullmatch(t)))
 
@@ -183,8 +184,7 @@ class Consumer:
                 self._rejoin.set()        # a new matching topic: the group assigns it
             return
         topics = self.metadata.refresh().get("topics", {})
-        wanted = self._matching_topics()
-        tps = [(t, p) for t in wanted for p in sorted(topics[t])]
+        tps = [(t, p) for t in self._matching_topics(topics) for p in sorted(topics[t])]
         self._set_assignment(tps)
 
     # -- the group --------------------------------------------------------------------------------

@@ -32,11 +32,11 @@ import time
 from storage.records import build, decode_records
 
 from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableError,
-                      KafkaError, NonEmptyGroupError, NotCoordinatorError,
-                      NotLeaderForPartitionError)
+                      IllegalArgumentError, KafkaError, NonEmptyGroupError,
+                      NotCoordinatorError, NotLeaderForPartitionError)
 from ..protocol import replica_actor_name, unwrap
 from .group_logic import GroupLogic, GroupState
-from .group_offsets import OFFSETS_TOPIC, OffsetCache, offsets_partition
+from .group_offsets import OFFSETS_TOPIC, OffsetCache, decode_key, offsets_partition
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,6 @@ class GroupCoordinator:
         """The offsets partition of ``group_id`` if this coordinator serves it, else the
         error the client must act on."""
         if not isinstance(group_id, str) or not group_id:
-            from ..errors import IllegalArgumentError
             raise IllegalArgumentError(f"group_id must be a non-empty str, got {group_id!r}")
         if not self.num_partitions:
             raise NotCoordinatorError(f"broker {self.broker_id} leads no offsets partition")
@@ -252,11 +251,14 @@ class GroupCoordinator:
     # -- reading ----------------------------------------------------------------------------------
     async def describe_group(self, group_id: str) -> dict:
         self._owner(group_id)
+        offsets = self.cache.fetch(group_id)
+        # a group known only by its committed offsets is Empty; one unknown here is Dead
         desc = self.logic.describe(group_id) or {
-            "group_id": group_id, "state": GroupState.DEAD.value if not
-            self.cache.fetch(group_id) else GroupState.EMPTY.value, "generation": 0,
-            "protocol_type": None, "protocol": None, "leader": None, "members": {}}
-        desc["offsets"] = {tp: c.offset for tp, c in self.cache.fetch(group_id).items()}
+            "group_id": group_id,
+            "state": (GroupState.EMPTY if offsets else GroupState.DEAD).value,
+            "generation": 0, "protocol_type": None, "protocol": None, "leader": None,
+            "members": {}}
+        desc["offsets"] = {tp: c.offset for tp, c in offsets.items()}
         return desc
 
     async def list_groups(self) -> list[str]:
@@ -306,6 +308,5 @@ class GroupCoordinator:
         for group, (partition, keys) in by_group.items():
             if self.partitions.get(partition) != "loaded":
                 continue
-            from .group_offsets import decode_key
             await self._append(partition, keys, [None] * len(keys))
             self.cache.remove(group, [decode_key(k)[1:] for k in keys])

@@ -116,6 +116,11 @@ def decode_value(buf: bytes) -> CommittedOffset:
     return CommittedOffset(offset, metadata, ts, epoch)
 
 
+def _split(what) -> tuple:
+    """An OffsetCommit entry, ``offset`` or ``(offset, metadata)``, as (offset, metadata)."""
+    return what if isinstance(what, tuple) else (what, "")
+
+
 class OffsetCache:
     """group -> (topic, partition) -> CommittedOffset, for the offsets partitions this
     coordinator leads. Thread-safe."""
@@ -158,7 +163,7 @@ class OffsetCache:
         partition) -> offset or (offset, metadata)."""
         out = []
         for (topic, partition), what in sorted(offsets.items()):
-            offset, metadata = what if isinstance(what, tuple) else (what, "")
+            offset, metadata = _split(what)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise IllegalArgumentError(
                     f"committed offset for {topic}-{partition} must be an int >= 0, "
@@ -173,7 +178,7 @@ class OffsetCache:
             self._partition_of[group] = partition
             cache = self._offsets.setdefault(group, {})
             for (topic, p), what in offsets.items():
-                offset, metadata = what if isinstance(what, tuple) else (what, "")
+                offset, metadata = _split(what)
                 cache[(topic, int(p))] = CommittedOffset(offset, metadata or "", now_ms)
 
     def fetch(self, group: str, partitions=None) -> dict[tuple[str, int], CommittedOffset]:
