@@ -29,6 +29,8 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (ConnectionClosedError, ConnectionLoss, NoNodeError,
                               NotEmptyError, OperationTimeoutError, SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.connection import ConnectionHandler
+from kazoo.protocol.serialization import Connect
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
@@ -54,6 +56,17 @@ class ZkSettings:
     #: Cap on kazoo's reconnect backoff: after a ZooKeeper restart we want to be back well
     #: inside the session timeout (kazoo's default cap is 60 s).
     reconnect_max_delay_s: float = 0.5
+    #: How long one connection handshake may wait for the server's answer; None: a third
+    #: of the session timeout (at least 1 s). kazoo would wait the whole session timeout
+    #: (divided by the number of hosts), which loses the session when a server accepts the
+    #: connection but never answers (see `_BoundedHandshake`).
+    handshake_timeout_s: float | None = None
+
+    @property
+    def handshake_timeout(self) -> float:
+        if self.handshake_timeout_s is not None:
+            return self.handshake_timeout_s
+        return max(1.0, self.session_timeout_s / 3.0)
 
     @property
     def servers(self) -> str:
@@ -216,17 +229,48 @@ class ZkClient:
         return deleted
 
 
-def _kazoo_client(connection_string: str, settings: ZkSettings) -> KazooClient:
-    return KazooClient(
+class _BoundedHandshake(ConnectionHandler):
+    """kazoo's connection loop with a bounded handshake: the ConnectRequest's answer is
+    awaited for at most ``handshake_timeout_s``, then the attempt counts as failed and the
+    loop tries again.
+
+    Why: kazoo waits ``session_timeout / len(hosts)`` for that answer, the whole session
+    timeout with one server. ZooKeeper 3.8.0 (Debian's) binds its port before it has loaded
+    its database; a connection that arrives in that window is refused with "ZooKeeperServer
+    not running", but the close then fails on a NullPointerException (zkDb is null) and the
+    socket stays open, unanswered. A client caught there waited the whole 18 s and came
+    back to a server that had meanwhile expired its session (restored sessions get a fresh
+    timeout when the server starts): fault test 7's lost session. ``_invoke`` is kazoo's
+    writer for the connection handshake only (Connect, then auth packets)."""
+
+    handshake_timeout_s = 6.0
+
+    def _invoke(self, timeout, request, xid=None):
+        if isinstance(request, Connect):
+            timeout = min(timeout, self.handshake_timeout_s)
+        return super()._invoke(timeout, request, xid)
+
+
+def _kazoo_client(connection_string: str, settings: ZkSettings, *,
+                  client_id: tuple[int, bytes] | None = None,
+                  connection_retry: KazooRetry | None = None) -> KazooClient:
+    kazoo = KazooClient(
         hosts=connection_string,
         timeout=settings.session_timeout_s,
+        client_id=client_id,
         # Reconnect forever (the session's fate is decided by the server, not by us) but
         # quickly: a capped backoff.
-        connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2,
-                                    max_delay=settings.reconnect_max_delay_s),
+        connection_retry=connection_retry or KazooRetry(
+            max_tries=-1, delay=0.05, backoff=2, max_delay=settings.reconnect_max_delay_s),
         command_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=0.5,
                                  deadline=settings.op_timeout_s),
     )
+    old = kazoo._connection
+    handler = _BoundedHandshake(kazoo, old.retry_sleeper, logger=old.logger,
+                                sasl_options=old.sasl_options)
+    handler.handshake_timeout_s = settings.handshake_timeout
+    kazoo._connection = handler
+    return kazoo
 
 
 def _start(kazoo: KazooClient, timeout_s: float, what: str) -> None:
@@ -268,9 +312,8 @@ def end_session(settings: ZkSettings, credentials: tuple[int, bytes], *,
     session-clone trick). Only for a session whose owner is known dead: a live owner would
     find its session expired. True when the close was sent; False when no server answered
     within ``timeout_s`` (the session then expires by itself)."""
-    kazoo = KazooClient(hosts=settings.connection_string, timeout=settings.session_timeout_s,
-                        client_id=tuple(credentials),
-                        connection_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=0.5))
+    kazoo = _kazoo_client(settings.connection_string, settings, client_id=tuple(credentials),
+                          connection_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=0.5))
     try:
         kazoo.start(timeout=timeout_s)
     except KazooTimeoutError:

@@ -13,7 +13,8 @@ from coordination.election import ControllerCandidate, ControllerRole
 from coordination.registry import BrokerRegistration
 from coordination.session import ZkSettings, connect
 from coordination.store import ZkStore
-from zk_helpers import expire_session, plain_client, start_zookeeper, wait_until
+from zk_helpers import (StallingProxy, expire_session, plain_client, start_zookeeper,
+                        wait_until)
 
 _ns = itertools.count()
 #: How long ZooKeeper stays down in the outage test (the issue's "stopped for 10 s").
@@ -149,3 +150,25 @@ def test_zookeeper_outage_of_10s_keeps_registration_and_election(zk_server, clie
     reg.close()
     c1.close()
     c2.close()
+
+
+def test_a_handshake_the_server_never_answers_does_not_cost_the_session(zk_server):
+    """A connection the server accepts but never answers (ZooKeeper 3.8.0 does this to a
+    client that connects while it loads its database) is given up after the handshake
+    timeout and tried again, so the session survives. kazoo alone waits the whole session
+    timeout per attempt: two such connections in a row lost the session."""
+    proxy = StallingProxy(zk_server.port).start()
+    settings = ZkSettings(hosts=f"127.0.0.1:{proxy.port}", namespace=f"f{next(_ns)}",
+                          session_timeout_s=9.0)
+    assert settings.handshake_timeout == 3.0
+    zk = connect(settings)
+    try:
+        session = zk.session_id
+        proxy.stall_next(2)
+        proxy.drop_all()
+        wait_until(lambda: proxy.stalled == 2, timeout_s=20, what="two stalled handshakes")
+        wait_until(lambda: zk.connected, timeout_s=30, what="connected again")
+        assert zk.session_id == session, "the session expired during the stalled handshakes"
+    finally:
+        zk.close()
+        proxy.close()

@@ -126,11 +126,6 @@ def _sessions(cluster) -> dict:
             for b in cluster.broker_ids()}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, issue 8 open: in about 1 run in 4 to 12 a broker comes back from the "
-    "ZooKeeper restart under a new session (its 18 s session expired although the outage "
-    "was 10 s), re-registers and moves leadership; cause not found yet "
-    "(docs/replication.md, Fault tests; scripts/zk_outage_repro.py)"))
 def test_zookeeper_stopped_for_ten_seconds_under_load_elects_nobody(patient_cluster):
     """The ZooKeeper server stopped for 10 s while acks=all writes go on: when it returns,
     every broker keeps its session, every partition keeps its leader and leader epoch (no
