@@ -309,6 +309,18 @@ class Cluster:
         from .client.consumer import Consumer
         return Consumer(self, *topics, **config)
 
+    def consumer_group(self, group_id: str, topics=(), num_members: int = 1,
+                       process_fn=None, *, pattern: str | None = None,
+                       actor_options: dict | None = None, **consumer_config):
+        """``num_members`` member actors of consumer group ``group_id``, each calling
+        ``process_fn(records)`` on its partitions' records and committing after it
+        (at least once); ``.scale(n)``, ``.stats()``, ``.stop()``. See
+        actors/client/consumer_group.py."""
+        from .client.consumer_group import ConsumerGroup
+        return ConsumerGroup(self, group_id, topics, num_members, process_fn,
+                             pattern=pattern, consumer_config=consumer_config,
+                             actor_options=actor_options)
+
     # -- faults and restarts ---------------------------------------------------------------------------
     def kill_broker(self, broker_id: int) -> None:
         """Kill the broker actor abruptly: its replicas and controller die with it, its
