@@ -1,0 +1,289 @@
+"""cluster.consumer_group: member actors of one consumer group processing a topic while a
+producer writes (the issue's group test 1), against a real cluster (ZooKeeper, local Ray,
+RF=3 __consumer_offsets). A ledger actor records every (partition, offset) a member
+processed, so the tests can count what was processed, by whom, and how often."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+
+import pytest
+
+from actors import Cluster
+from actors.errors import InvalidConfigurationError
+from cluster_helpers import FAST_CONFIG, ray, unique_namespace, wait_until
+from cluster_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
+
+CONFIG = {**FAST_CONFIG, "offsets.topic.num.partitions": 2,
+          "offsets.topic.replication.factor": 3, "group.initial.rebalance.delay.ms": 0,
+          "group.min.session.timeout.ms": 1000}
+SESSION_MS = 3000
+PARTITIONS = 12
+MAX_POLL = 50
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster.start(num_brokers=3, namespace=unique_namespace("cgrp"), config=CONFIG)
+    yield c
+    c.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class Ledger:
+    """Every (partition, offset) processed, with the member that processed it."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, int, int]] = []
+
+    def add(self, member: str, items: list[tuple[int, int]]) -> None:
+        self.seen.extend((member, p, o) for p, o in items)
+
+    def get(self) -> list[tuple[str, int, int]]:
+        return list(self.seen)
+
+
+def recording(ledger):
+    """A process_fn that writes each record's (partition, offset) to the ledger."""
+    def process(records):
+        import os
+        member = os.environ.get("RAY_ACTOR_ID", "?")
+        ray.get(ledger.add.remote(member, [(r.partition, r.offset) for r in records]))
+    return process
+
+
+class Writer:
+    """A producer thread writing numbered records round-robin over the partitions."""
+
+    def __init__(self, cluster, topic: str):
+        self.producer = cluster.producer(acks="all", linger_ms=5)
+        self.topic = topic
+        self.acked: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Writer":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            futures = [self.producer.send(self.topic, b"v%d" % (i + k),
+                                          partition=(i + k) % PARTITIONS)
+                       for k in range(24)]
+            for f in futures:
+                md = f.get(timeout=60)
+                self.acked.append((md.partition, md.offset))
+            i += 24
+            time.sleep(0.02)
+
+    def stop(self) -> list[tuple[int, int]]:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        self.producer.close()
+        return self.acked
+
+
+def _owners(stats: dict) -> dict[tuple[str, int], list[str]]:
+    owners = defaultdict(list)
+    for name, m in stats["members"].items():
+        for tp in m.get("assignment", []):
+            owners[tuple(tp)].append(name)
+    return owners
+
+
+def _settled(group, topic: str, partitions: int, members: int) -> dict | None:
+    """The members' own view, when ``members`` members each own something and together own
+    every partition exactly once: {member name: set of partitions}; else None."""
+    stats = group.stats()["members"]
+    owned = {n: set(map(tuple, m["assignment"])) for n, m in stats.items()
+             if m["state"] == "running"}
+    everything = [tp for tps in owned.values() for tp in tps]
+    if (len(owned) == members and all(owned.values())
+            and sorted(everything) == [(topic, p) for p in range(partitions)]):
+        return owned
+    return None
+
+
+def _coordinator_owners(cluster, group: str) -> dict | None:
+    """partition -> owner member ids, from the coordinator, when the group is Stable."""
+    desc = cluster.admin().describe_group(group)
+    if desc["state"] != "Stable":
+        return None
+    owners = defaultdict(list)
+    for member_id, tps in desc["members"].items():
+        for tp in tps:
+            owners[tp].append(member_id)
+    return {"generation": desc["generation"], "owners": dict(owners),
+            "members": len(desc["members"])}
+
+
+def test_three_member_actors_share_twelve_partitions_and_survive_a_killed_member(cluster):
+    """Three member actors consume a 12-partition topic under a producer: every partition
+    has exactly one owner (coordinator's view), killing a member moves its partitions to
+    the others within session_timeout_ms + a rebalance, every acknowledged record is
+    processed at least once, and duplicates stay within one poll batch per partition."""
+    cluster.admin().create_topic("work", partitions=PARTITIONS, replication_factor=1)
+    ledger = Ledger.remote()
+    writer = Writer(cluster, "work").start()
+    group = cluster.consumer_group(
+        "workers", ["work"], num_members=3, process_fn=recording(ledger),
+        session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300, fetch_max_wait_ms=100,
+        max_poll_records=MAX_POLL, auto_offset_reset="earliest")
+    try:
+        stable = wait_until(lambda: (lambda o: o if o and o["members"] == 3 else None)(
+            _coordinator_owners(cluster, "workers")), timeout_s=60, what="3 members, Stable")
+        assert sorted(stable["owners"]) == [("work", p) for p in range(PARTITIONS)]
+        assert all(len(ids) == 1 for ids in stable["owners"].values())
+        group.wait_for(lambda s: all(m["processed"] > 0 for m in s["members"].values()),
+                       timeout_s=60)
+        owned = wait_until(lambda: _settled(group, "work", PARTITIONS, 3), timeout_s=60,
+                           what="the members' own view settled")
+        victim = group.members()[0]
+        assert owned[victim], "the victim owned nothing"
+        killed_at = time.monotonic()
+        ray.kill(group.handle(victim))
+        group.forget(victim)
+        after = wait_until(lambda: (lambda o: o if o and o["members"] == 2 else None)(
+            _coordinator_owners(cluster, "workers")), timeout_s=60, interval_s=0.05,
+            what="2 members, Stable")
+        took = time.monotonic() - killed_at
+        print(f"\nthe killed member's partitions had new owners after {took:.2f}s")
+        assert sorted(after["owners"]) == [("work", p) for p in range(PARTITIONS)]
+        assert all(len(ids) == 1 for ids in after["owners"].values())
+        assert after["generation"] > stable["generation"]
+        survivors = wait_until(lambda: _settled(group, "work", PARTITIONS, 2), timeout_s=30,
+                               what="the survivors own every partition")
+        assert owned[victim] <= set().union(*survivors.values())
+        # session timeout, then one rebalance: the survivors rejoin at their next
+        # heartbeat (0.3 s) and the join completes; slack for a loaded 2-core machine
+        assert took <= SESSION_MS / 1000 + 2.0, f"partitions moved only after {took:.1f}s"
+        time.sleep(1.0)   # the writer goes on for a moment under the new generation
+    finally:
+        acked = writer.stop()
+    ends = Counter()
+    for p, o in acked:
+        ends[p] = max(ends[p], o + 1)
+    group.wait_for(lambda s: all(
+        s["members"][n].get("committed", {}).get(("work", p), 0) >= ends[p]
+        for p in range(PARTITIONS) for n in s["members"]
+        if ("work", p) in s["members"][n].get("assignment", [])), timeout_s=60)
+    group.stop()
+    seen = ray.get(ledger.get.remote())
+    counts = Counter((p, o) for _, p, o in seen)
+    missing = [po for po in acked if po not in counts]
+    assert not missing, f"{len(missing)} acknowledged records never processed: {missing[:5]}"
+    dups = Counter(p for (p, _), n in counts.items() if n > 1)
+    assert all(n <= MAX_POLL for n in dups.values()), f"duplicates per partition: {dups}"
+
+
+def test_scaling_up_and_down_rebalances_and_keeps_one_owner_per_partition(cluster):
+    """scale(3) then scale(1): the group rebalances each time, every partition keeps
+    exactly one owner, and what was processed before is not processed again (commits
+    after processing)."""
+    cluster.admin().create_topic("scaled", partitions=6, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        for i in range(600):
+            producer.send("scaled", b"%d" % i, partition=i % 6)
+        producer.flush()
+    ledger = Ledger.remote()
+    with cluster.consumer_group("scalers", "scaled", num_members=1,
+                                process_fn=recording(ledger), session_timeout_ms=SESSION_MS,
+                                heartbeat_interval_ms=500,
+                                auto_offset_reset="earliest") as group:
+        group.wait_for(lambda s: s["processed"] >= 600, timeout_s=60)
+        group.scale(3)
+        assert len(group.members()) == 3
+        wait_until(lambda: (lambda o: o if o and o["members"] == 3 else None)(
+            _coordinator_owners(cluster, "scalers")), timeout_s=60, what="3 members")
+        group.scale(1)
+        stable = wait_until(lambda: (lambda o: o if o and o["members"] == 1 else None)(
+            _coordinator_owners(cluster, "scalers")), timeout_s=60, what="1 member")
+        assert sorted(stable["owners"]) == [("scaled", p) for p in range(6)]
+        with cluster.producer(acks="all") as producer:
+            for i in range(60):
+                producer.send("scaled", b"late%d" % i, partition=i % 6)
+            producer.flush()
+        wait_until(lambda: len({(p, o) for _, p, o in ray.get(ledger.get.remote())}) >= 660,
+                   timeout_s=60, what="the late records processed")
+    counts = Counter((p, o) for _, p, o in ray.get(ledger.get.remote()))
+    assert len(counts) == 660
+    assert max(counts.values()) == 1, "a record was processed twice without any failure"
+
+
+def test_cooperative_sticky_revokes_only_the_partitions_that_move(cluster):
+    """cooperative-sticky (KIP-429): when a third member joins, the two first members are
+    asked to give up only the partitions that move to it, and keep the others throughout;
+    under the eager protocol every partition would be revoked first."""
+    cluster.admin().create_topic("coop", partitions=6, replication_factor=1)
+    ledger = Ledger.remote()
+    with cluster.consumer_group("coop", ["coop"], 2, recording(ledger),
+                                partition_assignment_strategy="cooperative-sticky",
+                                session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300,
+                                auto_offset_reset="earliest") as group:
+        two = wait_until(lambda: (lambda o: o if o and o["members"] == 2 else None)(
+            _coordinator_owners(cluster, "coop")), timeout_s=60, what="2 members")
+        assert len(two["owners"]) == 6
+        wait_until(lambda: _settled(group, "coop", 6, 2), timeout_s=60, what="2 members")
+        first = group.stats()["members"]
+        before = {n: set(map(tuple, m["assignment"])) for n, m in first.items()}
+        assert all(len(tps) == 3 for tps in before.values()), before
+        seen_before = {n: len(m["rebalances"]) for n, m in first.items()}
+        group.scale(3)
+        wait_until(lambda: _settled(group, "coop", 6, 3), timeout_s=60,
+                   what="3 members own every partition")
+        after = group.stats()["members"]
+        newcomer = (set(after) - set(before)).pop()
+        assert len(after[newcomer]["assignment"]) == 2
+        for name, kept_before in before.items():
+            now = set(map(tuple, after[name]["assignment"]))
+            assert now <= kept_before, f"{name} gained partitions it did not have"
+            moved = kept_before - now
+            revoked = set()
+            for kind, tps in after[name]["rebalances"][seen_before[name]:]:
+                if kind == "revoked":
+                    revoked |= set(map(tuple, tps))
+            assert revoked == moved, (name, revoked, moved)
+        assert sum(len(before[n] - set(map(tuple, after[n]["assignment"]))) for n in before) == 2
+
+
+def test_a_failing_process_fn_stops_its_member_and_commits_nothing_after(cluster):
+    """process_fn raising stops that member (state failed, the error in stats) and the
+    failed batch is not committed: the group's committed offset stays where it was."""
+    cluster.admin().create_topic("poison", partitions=1, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        for i in range(10):
+            producer.send("poison", b"bad" if i == 5 else b"ok", partition=0)
+        producer.flush()
+
+    def fussy(records):
+        if any(r.value == b"bad" for r in records):
+            raise ValueError("cannot handle 'bad'")
+
+    group = cluster.consumer_group("fussy", ["poison"], 1, fussy, max_poll_records=5,
+                                   session_timeout_ms=SESSION_MS, auto_offset_reset="earliest")
+    try:
+        stats = group.wait_for(lambda s: any(m["state"] == "failed"
+                                             for m in s["members"].values()), timeout_s=60)
+        (member,) = stats["members"].values()
+        assert "cannot handle 'bad'" in member["error"]
+        assert member["committed"] == {("poison", 0): 5}
+    finally:
+        group.stop()
+
+
+def test_bad_arguments_are_refused_in_the_caller(cluster):
+    """Bad arguments raise InvalidConfigurationError before any actor starts."""
+    with pytest.raises(InvalidConfigurationError, match="process_fn"):
+        cluster.consumer_group("g", ["t"], 1, process_fn=None)
+    with pytest.raises(InvalidConfigurationError, match="num_members"):
+        cluster.consumer_group("g", ["t"], -1, process_fn=print)
+    with pytest.raises(InvalidConfigurationError, match="topics or a pattern"):
+        cluster.consumer_group("g", [], 1, process_fn=print)
+    with pytest.raises(InvalidConfigurationError, match="enable_auto_commit"):
+        cluster.consumer_group("g", ["t"], 1, process_fn=print, enable_auto_commit=True)
+    with pytest.raises(InvalidConfigurationError):
+        cluster.consumer_group("g", ["t"], 1, process_fn=print, no_such_option=1)
