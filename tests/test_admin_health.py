@@ -103,9 +103,9 @@ def local_ray():
     stop_ray()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster(local_ray):
-    """A fresh 3-broker cluster per test (one of them kills a broker)."""
+    """One 3-broker cluster for the module (the test that kills a broker starts it again)."""
     c = Cluster.start(num_brokers=3, namespace=unique_namespace("health"), config=FAST_CONFIG)
     yield c
     c.shutdown()
@@ -125,18 +125,21 @@ def test_a_killed_broker_shows_under_replicated_and_offline_partitions(cluster):
            if s["replicas"] == [2]}
     assert held and led, "placement spreads over all three brokers"
     cluster.kill_broker(2)
+    try:
 
-    def settled():
-        urp = {r["partition"]: r for r in admin.describe_topic("urp")}
-        solo = {r["partition"]: r for r in admin.describe_topic("solo")}
-        return ({p for p, r in urp.items() if r["under_replicated"]} == held
-                and {p for p, r in solo.items() if r["offline"]} == led)
+        def settled():
+            urp = {r["partition"]: r for r in admin.describe_topic("urp")}
+            solo = {r["partition"]: r for r in admin.describe_topic("solo")}
+            return ({p for p, r in urp.items() if r["under_replicated"]} == held
+                    and {p for p, r in solo.items() if r["offline"]} == led)
 
-    wait_until(settled, timeout_s=60, what="describe_topic shows the lost broker")
-    health = admin.cluster_health()
-    assert health["under_replicated"] == len(held) and health["offline"] == len(led)
-    assert {(t, p) for t, p, _ in health["partitions_at_risk"]} == \
-        {("urp", p) for p in held} | {("solo", p) for p in led}
+        wait_until(settled, timeout_s=60, what="describe_topic shows the lost broker")
+        health = admin.cluster_health()
+        assert health["under_replicated"] == len(held) and health["offline"] == len(led)
+        assert {(t, p) for t, p, _ in health["partitions_at_risk"]} == \
+            {("urp", p) for p in held} | {("solo", p) for p in led}
+    finally:
+        cluster.start_broker(2)
 
 
 def test_reassign_partitions_moves_a_partition_and_keeps_its_records(cluster):

@@ -22,8 +22,10 @@ SESSION_MS = 3000
 
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
+    """One cluster for the module: each test uses its own group; the test that kills a
+    broker starts it again."""
     c = Cluster.start(num_brokers=3, namespace=unique_namespace("grp"), config=CONFIG)
     c.admin().create_topic("ev", partitions=6, replication_factor=1)
     yield c
@@ -66,7 +68,7 @@ def settle(members, topics=("ev",)):
 def test_members_split_the_partitions_and_the_offsets_topic_is_created(cluster):
     """Three members of a new group: the offsets topic is created (compacted, RF 3), and
     once stable the six partitions are split two each, disjoint, in one generation."""
-    members = [member(cluster) for _ in range(3)]
+    members = [member(cluster, group="split") for _ in range(3)]
     join_all(members)
     settle(members)
     got = [set(m.assignment) for m in members]
@@ -105,10 +107,13 @@ def test_committed_offsets_survive_the_coordinators_broker(cluster):
     broker_id = ray.get(cluster.broker(cluster.broker_ids()[0]).find_coordinator.remote(
         "durable"), timeout=30)["broker_id"]
     cluster.kill_broker(broker_id)
-    reader = GroupMember(cluster.metadata, "durable")
-    got = wait_until(lambda: reader.committed() or None, timeout_s=60,
-                     what="offsets from the new coordinator")
-    assert got == {("ev", p): 100 + p for p in range(6)}
+    try:
+        reader = GroupMember(cluster.metadata, "durable")
+        got = wait_until(lambda: reader.committed() or None, timeout_s=60,
+                         what="offsets from the new coordinator")
+        assert got == {("ev", p): 100 + p for p in range(6)}
+    finally:
+        cluster.start_broker(broker_id)
 
 
 def test_a_member_that_stops_heartbeating_loses_its_partitions(cluster):
