@@ -126,7 +126,6 @@ def test_a_killed_broker_shows_under_replicated_and_offline_partitions(cluster):
     assert held and led, "placement spreads over all three brokers"
     cluster.kill_broker(2)
     try:
-
         def settled():
             urp = {r["partition"]: r for r in admin.describe_topic("urp")}
             solo = {r["partition"]: r for r in admin.describe_topic("solo")}
