@@ -1,0 +1,556 @@
+"""Spark over raykafka topics, through RayDP (Spark on Ray) in the cluster the brokers run on.
+
+    from actors import Cluster
+    from jobs.spark import spark_session, read_topic_df, write_topic_df, stop_spark
+    cluster = Cluster.connect()                      # or Cluster.start(...): Ray is up
+    spark = spark_session(app_name="etl")            # RayDP, set up for Java 17 (below)
+    df = read_topic_df(spark, cluster, "events")     # Spark's Kafka source columns
+    counts = write_topic_df(df.where("key IS NOT NULL"), cluster, "keyed")   # {partition: n}
+    stop_spark()
+
+``spark_session`` starts Spark inside the Ray this process is attached to (``raydp.init_spark``):
+a RayDP master actor, an app master (a Ray Java worker) and ``num_executors`` executors (Ray
+Java actors), with the driver JVM in this process. It passes what RayDP 1.6.5 needs on Java 17
+(docs/jobs.md, "RayDP 1.6.5 on Java 17", has what was tried):
+
+- ``JAVA_OPTIONS`` (``-XX:+IgnoreUnrecognizedVMOptions`` and ``--add-opens`` for the
+  java.base packages RayDP's documentation lists, plus those of Spark's own launcher) to the
+  driver, the executors and the app master (``spark.ray.raydp_app_master.extraJavaOptions``).
+  The app master gets no options but these: without them ``ray.data.from_spark`` fails (the
+  app master dies on ``InaccessibleObjectException ... does not "opens java.lang"``: Ray
+  Java serialises the Java Map it returns with FST, which needs the opens on Java 16+);
+- ``PYSPARK_PYTHON`` / ``spark.pyspark.python`` = this interpreter (else Spark's Python
+  workers start the system ``python3``, which has neither pyarrow nor ray);
+- ``spark.driver.host`` / ``bindAddress`` = the address of this driver's Ray node
+  (127.0.0.1 on raykafka's loopback Ray);
+- small defaults for one machine (``DEFAULT_CONFIGS``); ``configs`` overrides any of them.
+
+``read_topic_df`` is ``jobs.data.read_topic`` (one Ray read task per partition range) with
+each block converted to Spark's Kafka source columns in the same pipeline
+(``to_spark_block``), then written as Arrow IPC bytes that the executors read straight from
+Ray's object store (``dataset_to_df``: the JVM side of RayDP's Ray -> Spark bridge).
+``write_topic_df`` is RayDP's Spark -> Ray bridge (``ray.data.from_spark``) and
+``jobs.data.write_topic``.
+
+Only the public API is imported (``actors``, ``actors.errors``, ``jobs.data``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+import ray.data
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from actors.errors import (IllegalArgumentError, IllegalStateError,
+                           InvalidConfigurationError, KafkaTimeoutError)
+from jobs.data import (TIMESTAMP_CREATE_TIME, _as_cluster, _topic_list, read_topic,
+                       write_topic)
+
+log = logging.getLogger(__name__)
+
+# -- the session -------------------------------------------------------------------------------
+
+#: java.base packages opened to unnamed modules: the list of RayDP's documentation
+#: (doc/spark_on_ray.md, item 4; its tests' conftest) plus what Spark 3.5's own launcher
+#: adds for the driver (org.apache.spark.launcher.JavaModuleOptions).
+JAVA_OPENS = (
+    "java.base/java.lang", "java.base/java.lang.invoke", "java.base/java.lang.reflect",
+    "java.base/java.io", "java.base/java.net", "java.base/java.nio", "java.base/java.math",
+    "java.base/java.text", "java.base/java.util", "java.base/java.util.concurrent",
+    "java.base/java.util.concurrent.atomic", "java.base/jdk.internal.ref",
+    "java.base/sun.nio.ch", "java.base/sun.nio.cs", "java.base/sun.security.action",
+    "java.base/sun.util.calendar", "java.security.jgss/sun.security.krb5",
+)
+#: The JVM options every JVM of the session gets (driver, executors, app master).
+JAVA_OPTIONS = " ".join(["-XX:+IgnoreUnrecognizedVMOptions",
+                         *(f"--add-opens={p}=ALL-UNNAMED" for p in JAVA_OPENS),
+                         "-Djdk.reflect.useDirectMethodHandle=false"])
+JAVA_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions",
+                    "spark.ray.raydp_app_master.extraJavaOptions")
+
+#: Defaults fit for one small machine (2 cores, a few GiB for Spark); ``configs`` wins.
+#: The shuffle partitions default to twice the executor cores (Spark's 200 is 200 tasks
+#: per shuffle, most of them empty, on a machine with 2 cores).
+DEFAULT_CONFIGS = {
+    "spark.driver.memory": "1g",
+    "spark.sql.session.timeZone": "UTC",        # Kafka timestamps are UTC
+    "spark.ui.enabled": "false",                # no web UI port (turn on with configs)
+    "spark.ui.showConsoleProgress": "false",    # no progress bars on stderr
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+SPARK_MASTER_SUFFIX = "_SPARK_MASTER"           # raydp's name for the master actor
+STOP_TIMEOUT_S = 60.0
+
+_lock = threading.RLock()
+_session: SparkSession | None = None
+_session_args: dict | None = None
+
+
+def spark_session(app_name: str = "raykafka", num_executors: int = 1, executor_cores: int = 1,
+                  executor_memory: str | int = "1g", configs: dict | None = None, *,
+                  log_level: str | None = "WARN") -> SparkSession:
+    """A Spark session on RayDP inside the Ray this process is attached to.
+
+    Ray must be up: ``Cluster.start(...)`` or ``Cluster.connect(namespace)`` first (or
+    ``ray.init``): Spark runs in that Ray, next to the brokers. ``num_executors`` executors
+    of ``executor_cores`` Ray CPUs and ``executor_memory`` each (Ray actors).
+    ``configs``: Spark settings, over ``DEFAULT_CONFIGS``; extra Java options given for
+    the driver, the executors or the app master are added after ``JAVA_OPTIONS``.
+    ``log_level``: the SparkContext's log level (None: leave log4j's).
+
+    One session per process (RayDP's rule): called again with the same arguments it returns
+    the running session; with others it raises IllegalStateError (``stop_spark()`` first).
+    Raises IllegalStateError (Ray not initialised, a Spark session not made here already
+    running), InvalidConfigurationError (bad sizes, more cores per executor than the Ray
+    cluster has CPUs: the executor would never start).
+    """
+    args = {"app_name": app_name, "num_executors": num_executors,
+            "executor_cores": executor_cores, "executor_memory": executor_memory,
+            "configs": dict(configs or {})}
+    _check_session_args(app_name, num_executors, executor_cores, executor_memory, configs)
+    if log_level is not None and not isinstance(log_level, str):
+        raise InvalidConfigurationError(f"log_level must be a str such as 'WARN', got "
+                                        f"{log_level!r}")
+    from pyspark import SparkContext
+    with _lock:
+        global _session, _session_args
+        if _session is not None and SparkContext._active_spark_context is None:
+            try:                        # stopped behind our back (spark.stop()): clean up
+                stop_spark()
+            except Exception as exc:  # noqa: BLE001 - what is left of it is gone anyway
+                log.warning("cleaning up a Spark session stopped elsewhere: %r", exc)
+                _session, _session_args = None, None
+        if _session is not None:
+            if args != _session_args:
+                raise IllegalStateError(
+                    f"a Spark session ({_session_args['app_name']!r}) already runs in this "
+                    f"process with other settings; call jobs.spark.stop_spark() first")
+            return _session
+        if not ray.is_initialized():
+            raise IllegalStateError(
+                "spark_session() starts Spark inside the Ray of a raykafka cluster, and this "
+                "process is not attached to one: call Cluster.start(...) or "
+                "Cluster.connect(namespace) first")
+        if SparkContext._active_spark_context is not None:
+            raise IllegalStateError(
+                "a SparkContext not made by jobs.spark.spark_session already runs in this "
+                "process; stop it first (its JVM options cannot be changed)")
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if executor_cores > cpus:
+            raise InvalidConfigurationError(
+                f"executor_cores={executor_cores} but the Ray cluster has {cpus:g} CPUs: "
+                f"the executor would never be scheduled")
+        import raydp
+        conf = session_configs(num_executors * executor_cores, configs)
+        os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
+        # the driver JVM's own address (block manager, ...): Spark would otherwise pick the
+        # machine's first interface when the hostname resolves to loopback
+        os.environ.setdefault("SPARK_LOCAL_IP", conf["spark.driver.bindAddress"])
+        started = time.monotonic()
+        try:
+            spark = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory,
+                                     configs=conf)
+        except Exception as exc:
+            if "has inited" in str(exc):
+                raise IllegalStateError(
+                    "a RayDP Spark session not made by jobs.spark.spark_session already runs "
+                    "in this process; raydp.stop_spark() it first") from None
+            raise
+        if log_level is not None:
+            spark.sparkContext.setLogLevel(log_level)
+        log.info("Spark session %r on RayDP up in %.1fs", app_name, time.monotonic() - started)
+        _session, _session_args = spark, args
+        return spark
+
+
+def session_configs(total_cores: int = 1, configs: dict | None = None) -> dict:
+    """The Spark configs ``spark_session`` passes to ``raydp.init_spark``: DEFAULT_CONFIGS,
+    the Java 17 options on the three JVM kinds, this interpreter for Python workers, the
+    driver bound to this driver's Ray node address, then ``configs``."""
+    user = {str(k): str(v) for k, v in (configs or {}).items()}
+    host = _driver_host()
+    shuffle = str(max(2, 2 * total_cores))
+    conf = {**DEFAULT_CONFIGS,
+            "spark.sql.shuffle.partitions": shuffle,
+            "spark.default.parallelism": shuffle,
+            "spark.pyspark.python": sys.executable,
+            "spark.driver.host": host,
+            "spark.driver.bindAddress": host}
+    conf = {**conf, **user}
+    for key in JAVA_OPTION_KEYS:
+        conf[key] = " ".join(filter(None, [JAVA_OPTIONS, user.get(key, "").strip()]))
+    return conf
+
+
+def active_session() -> SparkSession | None:
+    """The session ``spark_session`` started in this process, or None."""
+    return _session
+
+
+def stop_spark(timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop the session ``spark_session`` started (``raydp.stop_spark``: the driver's
+    SparkContext, the executors and the app master) and wait until RayDP's master actor is
+    gone, so a new session may take its name. Nothing to do without a session."""
+    global _session, _session_args
+    with _lock:
+        if _session is None:
+            return
+        app_name = _session_args["app_name"]
+        import raydp
+        try:
+            raydp.stop_spark()
+        finally:
+            _session, _session_args = None, None
+        if not ray.is_initialized():
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get_actor(app_name + SPARK_MASTER_SUFFIX)
+            except ValueError:
+                return
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"RayDP's master actor of {app_name!r} still exists "
+                                        f"{timeout_s:g}s after stop_spark()")
+            time.sleep(0.1)
+
+
+def _check_session_args(app_name, num_executors, executor_cores, executor_memory, configs):
+    if not isinstance(app_name, str) or not app_name:
+        raise InvalidConfigurationError(f"app_name must be a non-empty str, got {app_name!r}")
+    for name, value in (("num_executors", num_executors), ("executor_cores", executor_cores)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidConfigurationError(f"{name} must be an int >= 1, got {value!r}")
+    if not isinstance(executor_memory, (str, int)) or isinstance(executor_memory, bool) or \
+            not str(executor_memory).strip():
+        raise InvalidConfigurationError(f"executor_memory must be a size such as '1g' or a "
+                                        f"number of bytes, got {executor_memory!r}")
+    if configs is not None and not isinstance(configs, dict):
+        raise InvalidConfigurationError(f"configs must be a dict of Spark settings, got "
+                                        f"{type(configs).__name__}")
+
+
+def _driver_host() -> str:
+    """The address of the Ray node this driver runs on: what executors on other nodes reach
+    the driver at; 127.0.0.1 on a loopback Ray (raykafka's embedded default)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id and node.get("NodeManagerAddress"):
+            return node["NodeManagerAddress"]
+    return ray.util.get_node_ip_address()
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+_HEADER = T.StructType([T.StructField("key", T.StringType()),
+                        T.StructField("value", T.BinaryType())])
+#: The columns of Spark's Kafka source (``includeHeaders`` on), what ``read_topic_df`` gives.
+SPARK_SCHEMA = T.StructType([
+    T.StructField("key", T.BinaryType()),
+    T.StructField("value", T.BinaryType()),
+    T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()),
+    T.StructField("offset", T.LongType()),
+    T.StructField("timestamp", T.TimestampType()),
+    T.StructField("timestampType", T.IntegerType()),
+    T.StructField("headers", T.ArrayType(_HEADER)),
+])
+#: The Arrow blocks handed to Spark (RayDP maps each Arrow type to the Spark type above).
+ARROW_SCHEMA = pa.schema([
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("timestampType", pa.int32()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+])
+#: Spark's timestampType numbers Kafka's TimestampType ids: -1 none, 0 CreateTime,
+#: 1 LogAppendTime; read_topic's timestamp_type the confluent client's: 0 none,
+#: 1 CreateTime, 2 LogAppendTime. So Spark's = read_topic's - 1.
+SPARK_CREATE_TIME = 0
+SPARK_LOG_APPEND_TIME = 1
+SPARK_NO_TIMESTAMP_TYPE = -1
+
+
+def read_topic_df(spark, cluster, topic_or_topics, starting_offsets="earliest",
+                  ending_offsets="latest", **read_options) -> DataFrame:
+    """A Spark DataFrame of the records of ``topic_or_topics`` from ``starting_offsets`` up to
+    ``ending_offsets`` (exclusive), with exactly the columns of Spark's Kafka source
+    (``SPARK_SCHEMA``): key, value (binary), topic, partition (int), offset (long),
+    timestamp (timestamp), timestampType (int: 0 CreateTime, 1 LogAppendTime, -1 none),
+    headers (array<struct<key: string, value: binary>>, repeated keys kept, in order).
+
+    ``spark``: a session of ``spark_session``. ``cluster``: an ``actors.Cluster`` or its
+    namespace. Offsets as ``jobs.data.read_topic`` takes them ("earliest", "latest", an int,
+    a datetime, ``{topic: {partition: offset}}``) or as Spark's ``startingOffsets`` /
+    ``endingOffsets`` option, a JSON string ``'{"events": {"0": 23, "1": -2}}'`` (-2
+    earliest, -1 latest). ``read_options`` go to ``read_topic`` (``max_records_per_task``,
+    ``fetch_max_bytes``, ``consumer_config``, ...).
+
+    Offsets are resolved, and the records read into Ray's object store, when this is called
+    (``read_topic``, executed): the DataFrame is a fixed snapshot of
+    committed records (below each partition's high watermark), one Spark partition per Ray
+    block. RayDP's master actor keeps those blocks until the session stops.
+
+    Raises what ``read_topic`` raises (UnknownTopicOrPartitionError, IllegalArgumentError,
+    OffsetOutOfRangeError, InvalidConfigurationError) and IllegalArgumentError for a
+    ``spark`` that is not a SparkSession or offsets JSON that does not parse.
+    """
+    if not isinstance(spark, SparkSession):
+        raise IllegalArgumentError(f"spark must be a SparkSession (jobs.spark.spark_session()), "
+                                   f"got {type(spark).__name__}")
+    names = _topic_list(topic_or_topics)
+    start = _spark_offsets(starting_offsets, "starting_offsets")
+    end = _spark_offsets(ending_offsets, "ending_offsets")
+    ds = read_topic(cluster, names, start, end, **read_options)
+    ds = ds.map_batches(to_spark_block, batch_format="pyarrow", batch_size=None,
+                        zero_copy_batch=True)
+    return dataset_to_df(spark, ds, ARROW_SCHEMA)
+
+
+def to_spark_block(block: pa.Table) -> pa.Table:
+    """A block of ``read_topic`` (``jobs.data.SCHEMA``) as one of ``ARROW_SCHEMA``: Spark's
+    Kafka source columns in its order, the timestamp as microseconds (UTC), timestampType
+    in Kafka's numbering, headers as a list of (key, value) structs."""
+    ts = pc.multiply(block.column("timestamp").cast(pa.int64()), 1000)
+    ts_type = pc.subtract(block.column("timestamp_type").cast(pa.int32()),
+                          pa.scalar(TIMESTAMP_CREATE_TIME - SPARK_CREATE_TIME, pa.int32()))
+    return pa.Table.from_arrays([
+        block.column("key").cast(pa.binary()),
+        block.column("value").cast(pa.binary()),
+        block.column("topic").cast(pa.string()),
+        block.column("partition").cast(pa.int32()),
+        block.column("offset").cast(pa.int64()),
+        ts.cast(pa.timestamp("us", tz="UTC")),
+        ts_type,
+        block.column("headers").cast(ARROW_SCHEMA.field("headers").type),
+    ], schema=ARROW_SCHEMA)
+
+
+def dataset_to_df(spark: SparkSession, ds: "ray.data.Dataset", schema: pa.Schema) -> DataFrame:
+    """``ds`` (every block of Arrow ``schema``) as a Spark DataFrame, one partition per block,
+    through the JVM side of RayDP's Ray -> Spark bridge; an empty DataFrame of that schema
+    when ``ds`` has no blocks (Ray drops empty blocks).
+
+    Each block is turned into Arrow IPC stream bytes by a Ray task (``_arrow_ipc``) and the
+    executors read those objects straight from Ray's object store (RayDP's
+    ``RayDatasetRDD``, the bridge's path for blocks that are bytes): no Python worker,
+    no pandas. ``Dataset.to_spark`` takes the bridge's other path for Arrow blocks (a
+    ``mapInPandas`` whose Python workers each attach to Ray and convert every block to
+    pandas and back), 2 to 5 times slower here even on small topics, and its first
+    use in a session waits for a Python worker to start and attach to Ray.
+
+    The IPC objects are owned by this driver and kept alive by RayDP's master actor
+    (``add_objects``, as RayDP keeps ``to_spark``'s blocks) until the session stops: a
+    DataFrame can be recomputed at any time.
+    """
+    from pyspark.sql.pandas.types import from_arrow_type
+    from raydp.spark.dataset import _convert_by_rdd, get_locations
+    struct = T.StructType([T.StructField(f.name, from_arrow_type(f.type), f.nullable)
+                           for f in schema])
+    # the block references as Dataset.to_spark collects them; not to_arrow_refs, which ends
+    # (Dataset._execute) by asking every Ray worker for memory stats, waiting up to 60 s
+    # for a stopped one
+    pairs = [_arrow_ipc.remote(ref) for bundle in ds.iter_internal_ref_bundles()
+             for ref in bundle.block_refs]
+    if not pairs:
+        return spark.createDataFrame([], struct)
+    refs = [data for data, _ in pairs]
+    holder = ray.get_actor(spark.sparkContext.appName + SPARK_MASTER_SUFFIX)
+    ray.get(holder.add_objects.remote(uuid.uuid4(), refs))
+    ray.get([rows for _, rows in pairs])        # a conversion's error is raised here
+    return _convert_by_rdd(spark, refs, get_locations(refs), struct)
+
+
+@ray.remote(num_cpus=0, num_returns=2)
+def _arrow_ipc(block: pa.Table) -> tuple[bytes, int]:
+    """One block as Arrow IPC stream bytes (a Python bytes object is what Java can read),
+    and its row count (small: waiting on it does not fetch the data)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, block.schema) as writer:
+        writer.write_table(block)
+    return sink.getvalue().to_pybytes(), block.num_rows
+
+
+def _spark_offsets(value, name: str):
+    """Spark's JSON offsets (``{"topic": {"0": 23}}``, -2 earliest, -1 latest) as
+    read_topic's ``{topic: {0: 23}}``; anything else as it is (read_topic checks it)."""
+    if not (isinstance(value, str) and value.lstrip().startswith("{")):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise IllegalArgumentError(f"{name} is not valid JSON offsets ({exc}): {value!r}") \
+            from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise IllegalArgumentError(f"{name} as JSON must be {{topic: {{partition: offset}}}}, "
+                                   f"got {value!r}")
+    out = {}
+    for topic, parts in parsed.items():
+        out[topic] = {}
+        for p, off in parts.items():
+            try:
+                partition = int(p)
+            except ValueError:
+                raise IllegalArgumentError(f"{name}: partition {p!r} of topic {topic!r} is not "
+                                           f"an integer") from None
+            if not isinstance(off, int) or isinstance(off, bool) or off < -2:
+                raise IllegalArgumentError(f"{name}: offset of {topic}-{p} must be an int "
+                                           f">= 0, -1 (latest) or -2 (earliest), got {off!r}")
+            out[topic][partition] = {-2: "earliest", -1: "latest"}.get(off, off)
+    return out
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+_BYTES_TYPES = (T.BinaryType, T.StringType, T.NullType)
+_INT_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+#: The columns write_topic_df passes on (others, such as topic or offset, are dropped).
+WRITE_COLUMNS = ("value", "key", "partition", "headers", "timestamp")
+
+
+def write_topic_df(df, cluster, topic: str, *, acks="all", producer_config: dict | None = None,
+                   concurrency: int | None = None, ray_remote_args: dict | None = None
+                   ) -> dict[int, int]:
+    """Produce every row of the Spark DataFrame ``df`` to ``topic``; returns
+    ``{partition: records written}``.
+
+    Columns as Spark's Kafka sink takes them: ``value`` (binary or string, required),
+    ``key`` (binary or string), ``partition`` (int; null: the producer's partitioner),
+    ``headers`` (array<struct<key: string, value: binary>>, what read_topic_df gives, or
+    map<string, binary>; string values allowed) and, unlike Spark's sink, ``timestamp``
+    (timestamp, or long milliseconds; null: now). Other columns (a ``topic`` column
+    too: ``topic`` names where everything goes) are not sent.
+
+    The DataFrame becomes a Ray Dataset through RayDP (``ray.data.from_spark``: Spark
+    computes it and caches its partitions as Arrow in the executors, Ray tasks fetch them)
+    and is written with ``jobs.data.write_topic`` (``acks``, ``producer_config``,
+    ``concurrency``, ``ray_remote_args`` as there). Delivery is at least once.
+
+    Raises IllegalArgumentError (``df`` not a DataFrame, no ``value`` column, a column of a
+    type not listed), UnknownTopicOrPartitionError (an unknown topic, a partition it does
+    not have), InvalidConfigurationError (bad ``acks`` / ``producer_config``): the schema,
+    the topic and the config are checked before Spark computes anything.
+    """
+    if not isinstance(df, DataFrame):
+        raise IllegalArgumentError(f"write_topic_df takes a Spark DataFrame, got "
+                                   f"{type(df).__name__}")
+    if not isinstance(topic, str) or not topic:
+        raise IllegalArgumentError(f"topic must be a non-empty str, got {topic!r}")
+    columns = check_write_df_schema(df.schema)
+    if producer_config is not None and not isinstance(producer_config, dict):
+        raise InvalidConfigurationError(f"producer_config must be a dict, got "
+                                        f"{type(producer_config).__name__}")
+    cluster = _as_cluster(cluster)
+    producer = cluster.producer(**{**(producer_config or {}), "acks": acks})
+    try:
+        producer.partitions_for(topic)          # UnknownTopicOrPartitionError, before Spark
+    finally:
+        producer.close()
+    out = df.select(*[_headers_as_json(df.schema["headers"].dataType) if c == "headers"
+                      else F.col(c) for c in columns])
+    if out.rdd.getNumPartitions() == 0:         # RayDP's bridge fails on no partitions
+        return {}
+    from raydp.spark import release_spark_recoverable
+    try:
+        ds = ray.data.from_spark(out)
+        if "headers" in columns:
+            ds = ds.map_batches(_headers_from_json, batch_format="pyarrow", batch_size=None)
+        return write_topic(ds, cluster, topic, acks=acks, producer_config=producer_config,
+                           concurrency=concurrency, ray_remote_args=ray_remote_args)
+    finally:
+        release_spark_recoverable(out)          # unpersist the Arrow copy in the executors
+
+
+def check_write_df_schema(schema: T.StructType) -> list[str]:
+    """The columns of ``schema`` that ``write_topic_df`` sends, in WRITE_COLUMNS order;
+    IllegalArgumentError for a missing ``value`` or a column of a type it does not take."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise IllegalArgumentError(
+            f"write_topic_df needs a 'value' column (binary or string), and optionally key, "
+            f"partition, headers, timestamp; the DataFrame has columns {list(fields)}")
+    for name in ("value", "key"):
+        if name in fields and not isinstance(fields[name], _BYTES_TYPES):
+            raise IllegalArgumentError(f"column {name!r} must be binary or string, got "
+                                       f"{fields[name].simpleString()}")
+    if "partition" in fields and not isinstance(fields["partition"], (*_INT_TYPES, T.NullType)):
+        raise IllegalArgumentError(f"column 'partition' must be an integer, got "
+                                   f"{fields['partition'].simpleString()}")
+    if "timestamp" in fields and not isinstance(
+            fields["timestamp"], (T.TimestampType, T.TimestampNTZType, T.NullType, *_INT_TYPES)):
+        raise IllegalArgumentError(f"column 'timestamp' must be a timestamp or long "
+                                   f"milliseconds, got {fields['timestamp'].simpleString()}")
+    if "headers" in fields and not _spark_headers_type(fields["headers"]):
+        raise IllegalArgumentError(
+            f"column 'headers' must be array<struct<key: string, value: binary>> or "
+            f"map<string, binary> (string values allowed), got "
+            f"{fields['headers'].simpleString()}")
+    return [name for name in WRITE_COLUMNS if name in fields]
+
+
+def _headers_as_json(t) -> Column:
+    """The ``headers`` column as JSON text, ``[{"key": k, "value": base64}]`` (null stays
+    null), which ``_headers_from_json`` turns back into Arrow on the Ray side.
+
+    Nested columns do not cross RayDP's Spark -> Ray bridge reliably: Spark's Arrow writer
+    gives a list or map column whose child has no values (every header list of a partition
+    empty or null) zero-length buffers, which Ray's Arrow serialiser then rejects ("Buffer
+    #1 too small in array of type int32 ..."; outside tests Ray falls back to Arrow IPC with
+    a warning, in tests it raises). Flat columns cross fine."""
+    col = F.col("headers")
+    if isinstance(t, T.NullType):
+        return F.lit(None).cast("string").alias("headers")
+    if isinstance(t, T.MapType):
+        col = F.map_entries(col)
+    col = F.transform(col, lambda h: F.struct(h["key"].alias("key"),
+                                              h["value"].cast("binary").alias("value")))
+    return F.to_json(col).alias("headers")
+
+
+_HEADERS_ARROW = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def _headers_from_json(batch: pa.Table) -> pa.Table:
+    """``_headers_as_json``'s text back as list<struct<key: string, value: binary>>."""
+    out = []
+    for text in batch.column("headers").to_pylist():
+        if text is None:
+            out.append(None)
+            continue
+        out.append([{"key": h.get("key"),
+                     "value": None if h.get("value") is None else base64.b64decode(h["value"])}
+                    for h in json.loads(text)])
+    index = batch.schema.get_field_index("headers")
+    return batch.set_column(index, pa.field("headers", _HEADERS_ARROW),
+                            pa.array(out, _HEADERS_ARROW))
+
+
+def _spark_headers_type(t) -> bool:
+    if isinstance(t, T.NullType):
+        return True
+    if isinstance(t, T.MapType):
+        key, value = t.keyType, t.valueType
+    elif isinstance(t, T.ArrayType) and isinstance(t.elementType, T.StructType):
+        fields = {f.name: f.dataType for f in t.elementType.fields}
+        if set(fields) != {"key", "value"}:
+            return False
+        key, value = fields["key"], fields["value"]
+    else:
+        return False
+    return isinstance(key, T.StringType) and isinstance(value, _BYTES_TYPES)

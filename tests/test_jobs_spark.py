@@ -1,0 +1,436 @@
+"""jobs.spark against the real thing (local Ray, embedded ZooKeeper, 2 brokers, RayDP 1.6.5 on
+Java 17): the session's set-up, read_topic_df's schema, values and offsets, committed data
+only, write_topic_df round trips, typed errors, and the word-count example run in-process and
+under `ray job submit`. One cluster and one Spark session for the module (Spark is slow to
+start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from actors import Cluster, raycompat
+from actors.errors import (ClusterNotFoundError, IllegalArgumentError, IllegalStateError,
+                           InvalidConfigurationError, OffsetOutOfRangeError,
+                           UnknownTopicOrPartitionError)
+from cluster_helpers import ray, stop_ray, unique_namespace, wait_until
+from jobs.data import read_topic, write_topic
+from jobs.examples import word_count
+from jobs.spark import (JAVA_OPTIONS, SPARK_SCHEMA, active_session, dataset_to_df,
+                        read_topic_df, spark_session, stop_spark, write_topic_df)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = {"zookeeper.session.timeout.ms": 20000}
+PARTS = 3
+PER_PART = 40
+BASE = (int(time.time()) - 3600) * 1000          # record i is stamped BASE + i seconds
+# `ray job submit` of the example starts a second driver with its own Spark (JVMs, executor):
+# over a minute on a loaded 2-core machine, so it runs only when asked for
+JOB_SUBMIT = os.environ.get("RAYKAFKA_TEST_JOB_SUBMIT") == "1"
+
+
+def plain_record(p: int, i: int) -> dict:
+    """What "plain" holds at (p, i), as read_topic_df gives it: null keys every 4th record,
+    headers on even ones (the key "h" twice), CreateTime (Spark's 0)."""
+    return {"key": None if i % 4 == 0 else b"k%d-%d" % (p, i), "value": b"p%d-%d" % (p, i),
+            "topic": "plain", "partition": p, "offset": i, "ts_ms": BASE + i * 1000,
+            "timestampType": 0,
+            "headers": [("h", b"a"), ("h", b"b"), ("n", b"%d" % i)] if i % 2 == 0 else []}
+
+
+def _start_spark(out: dict) -> None:
+    """The module's Spark session, warmed up: its executor has run a job and read a block
+    from Ray's object store (the first of each takes seconds)."""
+    try:
+        session = spark_session(app_name="raykafka-tests")
+        session.range(1).count()
+        warm = ray.data.from_arrow(pa.table({"value": [b"warm"]}))
+        assert dataset_to_df(session, warm, warm.schema().base_schema).count() == 1
+        out["spark"] = session
+    except BaseException as exc:  # noqa: BLE001 - re-raised by the fixture
+        out["error"] = exc
+
+
+@pytest.fixture(scope="module")
+def started():
+    """Ray, then Spark started in the background (it needs only Ray) while the cluster starts
+    and its topics are filled: (cluster, spark)."""
+    # 4 logical CPUs: this module's Spark executor holds one, Ray Data tasks (and, with
+    # RAYKAFKA_TEST_JOB_SUBMIT=1, the submitted job's executor) need the others; the
+    # dashboard is the job server `ray job submit` needs
+    raycompat.init_local("raykafka-tests", num_cpus=4, dashboard=JOB_SUBMIT)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    spark_out: dict = {}
+    spark_thread = threading.Thread(target=_start_spark, args=(spark_out,), daemon=True)
+    spark_thread.start()
+    c = None
+    try:
+        c = Cluster.start(num_brokers=2, namespace=unique_namespace("js"), config=CONFIG)
+        admin = c.admin()
+        admin.create_topic("plain", partitions=PARTS)
+        admin.create_topic("empty", partitions=1)
+        admin.create_topic("appended", partitions=1,
+                           config={"message.timestamp.type": "LogAppendTime"})
+        with c.producer() as producer:
+            for p in range(PARTS):
+                for lo, hi in ((0, 15), (15, PER_PART)):        # two batches per partition
+                    recs = [plain_record(p, i) for i in range(lo, hi)]
+                    producer.send_batch("plain", [r["value"] for r in recs],
+                                        keys=[r["key"] for r in recs], partition=p,
+                                        timestamps=[r["ts_ms"] for r in recs],
+                                        headers=[r["headers"] for r in recs]).wait(timeout=60)
+            producer.send_batch("appended", [b"a", b"b"], timestamps=[5, 6]).wait(timeout=60)
+        spark_thread.join(timeout=600)
+        if "error" in spark_out:
+            raise spark_out["error"]
+        assert "spark" in spark_out, "the Spark session did not start within 600 s"
+        yield c, spark_out["spark"]
+    finally:
+        spark_thread.join(timeout=600)
+        stop_spark()
+        if c is not None:
+            c.shutdown()
+        stop_ray()
+
+
+@pytest.fixture(scope="module")
+def cluster(started):
+    return started[0]
+
+
+@pytest.fixture(scope="module")
+def spark(started):
+    return started[1]
+
+
+def rows(df) -> list[dict]:
+    """The rows of a read_topic_df DataFrame as plain dicts (timestamp as ms since the epoch,
+    headers as (key, value) tuples), sorted by (topic, partition, offset)."""
+    out = []
+    for r in df.withColumn("ts_ms", F.unix_millis("timestamp")).drop("timestamp").collect():
+        d = r.asDict(recursive=True)
+        d["key"] = None if d["key"] is None else bytes(d["key"])
+        d["value"] = None if d["value"] is None else bytes(d["value"])
+        d["headers"] = [(h["key"], None if h["value"] is None else bytes(h["value"]))
+                        for h in d["headers"]]
+        out.append(d)
+    return sorted(out, key=lambda d: (d["topic"], d["partition"], d["offset"]))
+
+
+def offsets(df) -> dict[int, list[int]]:
+    got: dict[int, list[int]] = {}
+    for r in df.select("partition", "offset").collect():
+        got.setdefault(r["partition"], []).append(r["offset"])
+    return {p: sorted(v) for p, v in sorted(got.items())}
+
+
+# -- the session -------------------------------------------------------------------------------
+
+def test_the_session_has_the_java_17_options_this_python_and_a_loopback_driver(spark):
+    """spark_session passes the --add-opens option string to the driver, the executors and
+    RayDP's app master, runs Python workers with this interpreter, binds the driver to
+    127.0.0.1 (the loopback Ray's node address), and its executor runs jobs; asked again with
+    the same arguments it returns the same session."""
+    conf = spark.sparkContext.getConf()
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions",
+                "spark.ray.raydp_app_master.extraJavaOptions"):
+        value = conf.get(key)
+        assert JAVA_OPTIONS in value, (key, value)
+        assert "--add-opens=java.base/java.lang=ALL-UNNAMED" in JAVA_OPTIONS
+    assert conf.get("spark.pyspark.python") == sys.executable
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    assert conf.get("spark.driver.host") == conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    assert spark.range(1000).selectExpr("sum(id) AS s").collect()[0]["s"] == 499500
+    # a Python worker (a UDF, an RDD lambda) runs this interpreter, not the system python3
+    assert spark.sparkContext.parallelize([0], 1).map(
+        lambda _: __import__("sys").executable).collect() == [sys.executable]
+    assert spark_session(app_name="raykafka-tests") is spark is active_session()
+
+
+# -- read_topic_df -----------------------------------------------------------------------------
+
+def test_read_topic_df_has_exactly_sparks_kafka_source_schema(spark, cluster):
+    """read_topic_df's schema is Spark's Kafka source's (key binary, value binary, topic
+    string, partition int, offset long, timestamp timestamp, timestampType int, headers
+    array<struct<key:string,value:binary>>), for a topic with records, an empty topic and an
+    empty range."""
+    kafka_source = T.StructType([
+        T.StructField("key", T.BinaryType()), T.StructField("value", T.BinaryType()),
+        T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()), T.StructField("timestamp", T.TimestampType()),
+        T.StructField("timestampType", T.IntegerType()),
+        T.StructField("headers", T.ArrayType(T.StructType([
+            T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])))])
+    assert SPARK_SCHEMA == kafka_source
+    assert SPARK_SCHEMA.simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>")
+    df = read_topic_df(spark, cluster, "plain")
+    assert df.schema == kafka_source
+    for empty in (read_topic_df(spark, cluster, "empty"),
+                  read_topic_df(spark, cluster, "plain", 7, 7)):
+        assert empty.schema == kafka_source
+        assert empty.count() == 0
+
+
+def test_values_keys_headers_offsets_and_timestamps_round_trip(spark, cluster):
+    """Every committed record of "plain" comes back once with its key (nulls too), value,
+    topic, partition, offset, timestamp (to the ms), timestampType 0 (CreateTime) and headers
+    with a repeated key kept in order; a LogAppendTime topic gives timestampType 1 and the
+    broker's time; a list of topics reads them all."""
+    got = rows(read_topic_df(spark, cluster, "plain"))
+    assert got == [plain_record(p, i) for p in range(PARTS) for i in range(PER_PART)]
+
+    both = rows(read_topic_df(spark, cluster, ["plain", "appended"]))
+    appended = [r for r in both if r["topic"] == "appended"]
+    assert len(both) == PARTS * PER_PART + 2
+    assert [(r["value"], r["timestampType"]) for r in appended] == [(b"a", 1), (b"b", 1)]
+    assert all(r["ts_ms"] > BASE for r in appended)           # not the 5 and 6 sent
+
+
+def test_starting_and_ending_offsets_as_ints_dicts_json_and_words(spark, cluster):
+    """starting/ending offsets as ints, per-partition dicts, Spark's JSON strings (-2
+    earliest, -1 latest) and "earliest"/"latest" select exactly [start, end); an end past
+    the high watermark is cut to it."""
+    every = list(range(PER_PART))
+    assert offsets(read_topic_df(spark, cluster, "plain", 10, 25)) == {
+        p: list(range(10, 25)) for p in range(PARTS)}
+    assert offsets(read_topic_df(spark, cluster, "plain", "earliest", "latest")) == {
+        p: every for p in range(PARTS)}
+    got = offsets(read_topic_df(spark, cluster, "plain", {"plain": {0: 5, 2: "earliest"}},
+                                {"plain": {0: 7, 1: 30}}))
+    assert got == {0: [5, 6], 1: list(range(30)), 2: every}
+    got = offsets(read_topic_df(spark, cluster, "plain", '{"plain": {"0": 38, "1": -2}}',
+                                '{"plain": {"1": 3, "2": -1}}'))
+    assert got == {0: [38, 39], 1: [0, 1, 2], 2: every}
+    assert offsets(read_topic_df(spark, cluster, "plain", 35, 10_000)) == {
+        p: list(range(35, PER_PART)) for p in range(PARTS)}
+
+
+def _hw_and_leo(cluster, topic):
+    row = cluster.admin().describe_topic(topic)[0]
+    return row["high_watermark"], row["log_end_offset"]
+
+
+def test_only_records_below_the_high_watermark_are_read(spark, cluster):
+    """With the follower paused, records the leader took with acks=1 sit above the high
+    watermark: read_topic_df reads exactly up to it and none of them; once the follower
+    catches up (resumed), they are read."""
+    cluster.admin().create_topic("live", partitions=1, replication_factor=2)
+    with cluster.producer(acks="all") as producer:
+        producer.send_batch("live", [b"c-%d" % i for i in range(30)]).wait(timeout=60)
+    row = cluster.admin().describe_topic("live")[0]
+    follower = next(b for b in row["replicas"] if b != row["leader"])
+    wait_until(lambda: len(cluster.admin().describe_topic("live")[0]["isr"]) == 2 and
+               _hw_and_leo(cluster, "live") == (30, 30), timeout_s=60,
+               what="both replicas in sync at 30")
+    cluster.pause_broker(follower)
+    try:
+        uncommitted = [b"pending-%d" % i for i in range(20)]
+        with cluster.producer(acks=1) as producer:
+            producer.send_batch("live", uncommitted).wait(timeout=60)
+        assert _hw_and_leo(cluster, "live") == (30, 50)
+        got = rows(read_topic_df(spark, cluster, "live"))
+        assert [r["offset"] for r in got] == list(range(30))
+        assert [r["value"] for r in got] == [b"c-%d" % i for i in range(30)]
+    finally:
+        cluster.resume_broker(follower)
+    wait_until(lambda: _hw_and_leo(cluster, "live")[0] == 50, timeout_s=60,
+               what="the high watermark to reach the log end")
+    got = rows(read_topic_df(spark, cluster, "live", 30))
+    assert [r["value"] for r in got] == uncommitted
+
+
+# -- write_topic_df ----------------------------------------------------------------------------
+
+def _read_back(cluster, topic) -> list[dict]:
+    table = pa.concat_tables(read_topic(cluster, topic).iter_batches(
+        batch_size=None, batch_format="pyarrow"))
+    return table.to_pylist()
+
+
+def test_write_topic_df_round_trips_string_and_binary_values_keys_and_headers(spark, cluster):
+    """A DataFrame of string values and keys, one of binary values and keys with explicit
+    partitions, timestamps and array<struct> headers, and one with map headers, each written
+    by write_topic_df, read back (read_topic) as the same bytes, on the partitions given (or
+    the key's), with per-partition counts returned as write_topic does."""
+    admin = cluster.admin()
+    for name in ("w-str", "w-bin", "w-map"):
+        admin.create_topic(name, partitions=3)
+
+    texts = spark.createDataFrame([(f"v{i}", None if i % 3 == 0 else f"key{i % 5}")
+                                   for i in range(30)], "value string, key string")
+    counts = write_topic_df(texts, cluster, "w-str")
+    back = _read_back(cluster, "w-str")
+    assert sum(counts.values()) == 30 == len(back)
+    assert counts == dict(Counter(r["partition"] for r in back))
+    assert sorted((r["value"], r["key"]) for r in back) == sorted(
+        (f"v{i}".encode(), None if i % 3 == 0 else f"key{i % 5}".encode()) for i in range(30))
+    by_key: dict[bytes, set] = {}
+    for r in back:
+        if r["key"] is not None:
+            by_key.setdefault(r["key"], set()).add(r["partition"])
+    assert all(len(parts) == 1 for parts in by_key.values())        # a key, one partition
+
+    data = [(bytes([i, 0, 255]) + b"v", b"k%d" % i, i % 3, BASE + i,
+             [("h", b"1"), ("h", bytes([i]))] if i % 2 else [])
+            for i in range(24)]
+    binary = spark.createDataFrame(
+        data, "value binary, key binary, partition int, ts long, "
+              "headers array<struct<key:string,value:binary>>"
+    ).withColumn("timestamp", F.timestamp_millis("ts")).drop("ts") \
+     .withColumn("topic", F.lit("ignored"))
+    assert write_topic_df(binary, cluster, "w-bin") == {0: 8, 1: 8, 2: 8}
+    back = sorted(_read_back(cluster, "w-bin"), key=lambda r: r["timestamp"])
+    assert [(r["value"], r["key"], r["partition"], r["timestamp"], r["headers"])
+            for r in back] == [(v, k, p, ts, h) for v, k, p, ts, h in data]
+
+    mapped = spark.createDataFrame([(b"m1", {"a": b"1"}), (b"m2", None)],
+                                   "value binary, headers map<string,binary>")
+    assert sum(write_topic_df(mapped, cluster, "w-map", acks=1).values()) == 2
+    assert sorted((r["value"], r["headers"]) for r in _read_back(cluster, "w-map")) == [
+        (b"m1", [("a", b"1")]), (b"m2", [])]
+
+    # write_topic of a mapped Dataset (what write_topic_df does with headers) checks the
+    # mapped blocks, not the map's input (Ray passes on_write_start the input's schema)
+    mapped_ds = ray.data.from_items([{"n": i} for i in range(5)]).map_batches(
+        lambda b: pa.table({"value": [b"n%d" % n for n in b.column("n").to_pylist()]}),
+        batch_format="pyarrow")
+    assert sum(write_topic(mapped_ds, cluster, "w-map").values()) == 5
+
+
+def test_read_topic_df_then_write_topic_df_copies_a_topic(spark, cluster):
+    """write_topic_df(read_topic_df(...)) copies "plain" record for record through Spark:
+    each lands on the partition it came from with its key, value, timestamp and headers; an
+    empty DataFrame writes nothing."""
+    cluster.admin().create_topic("copy", partitions=PARTS)
+    counts = write_topic_df(read_topic_df(spark, cluster, "plain"), cluster, "copy")
+    assert counts == {p: PER_PART for p in range(PARTS)}
+    copied = rows(read_topic_df(spark, cluster, "copy"))
+
+    def content(records):
+        return sorted((r["partition"], r["value"], r["key"] or b"", r["ts_ms"], r["headers"])
+                      for r in records)
+
+    assert content(copied) == content(plain_record(p, i) for p in range(PARTS)
+                                      for i in range(PER_PART))
+    assert write_topic_df(read_topic_df(spark, cluster, "empty"), cluster, "copy") == {}
+    assert write_topic_df(spark.range(0).selectExpr("CAST(id AS STRING) AS value"),
+                          cluster, "copy") == {}
+
+
+def test_bad_input_raises_typed_errors_with_clear_messages(spark, cluster):
+    """Unknown topics and partitions, bad offsets (as words, JSON or past the high
+    watermark), a missing or mistyped column, a bad acks, non-Spark arguments and a second
+    session with other settings raise raykafka's typed errors saying what is wrong, before
+    Spark computes anything."""
+    with pytest.raises(UnknownTopicOrPartitionError):
+        read_topic_df(spark, cluster, "no-such-topic")
+    with pytest.raises(UnknownTopicOrPartitionError, match="partition"):
+        read_topic_df(spark, cluster, "plain", {"plain": {9: 0}})
+    with pytest.raises(IllegalArgumentError, match="starting_offsets"):
+        read_topic_df(spark, cluster, "plain", '{"plain": {"0": }')
+    with pytest.raises(IllegalArgumentError, match="partition 'x'"):
+        read_topic_df(spark, cluster, "plain", '{"plain": {"x": 1}}')
+    with pytest.raises(IllegalArgumentError, match="cannot be 'latest'"):
+        read_topic_df(spark, cluster, "plain", "latest")
+    with pytest.raises(IllegalArgumentError, match="start_offset"):
+        read_topic_df(spark, cluster, "plain", 20, 10)
+    with pytest.raises(OffsetOutOfRangeError, match="high watermark"):
+        read_topic_df(spark, cluster, "plain", PER_PART + 1)
+    with pytest.raises(IllegalArgumentError, match="SparkSession"):
+        read_topic_df("not spark", cluster, "plain")
+
+    ok = spark.createDataFrame([(b"v",)], "value binary")
+    with pytest.raises(IllegalArgumentError, match="'value' column"):
+        write_topic_df(ok.withColumnRenamed("value", "payload"), cluster, "copy")
+    with pytest.raises(IllegalArgumentError, match="'value' must be binary or string, got int"):
+        write_topic_df(spark.createDataFrame([(1,)], "value int"), cluster, "copy")
+    with pytest.raises(IllegalArgumentError, match="'partition' must be an integer"):
+        write_topic_df(ok.withColumn("partition", F.lit("0")), cluster, "copy")
+    with pytest.raises(IllegalArgumentError, match="'headers' must be"):
+        write_topic_df(ok.withColumn("headers", F.lit(b"x")), cluster, "copy")
+    with pytest.raises(IllegalArgumentError, match="'timestamp'"):
+        write_topic_df(ok.withColumn("timestamp", F.lit("now")), cluster, "copy")
+    with pytest.raises(UnknownTopicOrPartitionError):
+        write_topic_df(ok, cluster, "no-such-topic")
+    with pytest.raises(InvalidConfigurationError):
+        write_topic_df(ok, cluster, "copy", acks=2)
+    with pytest.raises(IllegalArgumentError, match="Spark DataFrame"):
+        write_topic_df(pa.table({"value": [b"v"]}), cluster, "copy")
+    with pytest.raises(UnknownTopicOrPartitionError, match="no partition 7"):
+        write_topic_df(ok.withColumn("partition", F.lit(7)), cluster, "copy")
+
+    with pytest.raises(InvalidConfigurationError, match="num_executors"):
+        spark_session(num_executors=0)
+    with pytest.raises(IllegalStateError, match="stop_spark"):
+        spark_session(app_name="another")
+
+
+# -- the word-count example ----------------------------------------------------------------
+
+def expected_counts(lines) -> dict[str, int]:
+    return dict(Counter(w for line in lines for w in re.findall(r"[^\W_]+", line.lower())))
+
+
+def test_word_count_example_on_a_running_cluster_and_embedded(spark, cluster):
+    """word_count.main attached to a running cluster (--namespace) counts the words of the
+    input topic it fills with the sample text and writes (word, count) records to a
+    compacted output topic; run with --embedded it starts its own cluster and shuts it
+    down; both give the counts computed in Python."""
+    want = expected_counts(word_count.SAMPLE_LINES)
+    out = word_count.main(["--namespace", cluster.namespace, "--input", "wc-lines",
+                           "--output", "wc-counts"])
+    assert out["counts"] == want
+    assert out["total"] == sum(want.values())
+    back = {r["key"].decode(): int(r["value"]) for r in _read_back(cluster, "wc-counts")}
+    assert back == want
+    assert sum(out["written"].values()) == len(want)
+    assert cluster.admin().topic_config("wc-counts")["cleanup.policy"] == "compact"
+
+    emb = word_count.main(["--embedded", "--brokers", "1"])
+    assert emb["counts"] == want and emb["namespace"] != cluster.namespace
+    with pytest.raises(ClusterNotFoundError):
+        Cluster.connect(emb["namespace"])          # shut down after the run
+    assert active_session() is spark                # the session it reused is left running
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not JOB_SUBMIT, reason="set RAYKAFKA_TEST_JOB_SUBMIT=1 (starts a second "
+                    "Spark: over a minute)")
+def test_word_count_example_runs_under_ray_job_submit(spark, cluster):
+    """`ray job submit --working-dir . -- python jobs/examples/word_count.py --namespace NS`
+    against this Ray's job server runs the example as a separate driver (its own Spark
+    session on RayDP) that attaches through RAY_ADDRESS, and its counts are in the output
+    topic."""
+    assert raycompat.wait_job_server(60), "Ray's job server is not ready"
+    env = {**os.environ, "RAY_AUTH_MODE": raycompat.auth_mode(), "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit",
+           "--address", raycompat.dashboard_url(), "--working-dir", ROOT, "--",
+           sys.executable, "jobs/examples/word_count.py", "--namespace", cluster.namespace,
+           "--input", "wcj-lines", "--output", "wcj-counts"]
+    for _ in range(3):      # only Ray's transient "No available agent" refusal is retried
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
+                              cwd=ROOT)
+        if "No available agent" not in proc.stdout + proc.stderr:
+            break
+    summaries = [json.loads(line) for line in proc.stdout.splitlines()
+                 if line.startswith("{\"namespace\"")]
+    assert proc.returncode == 0 and summaries, proc.stdout[-4000:] + proc.stderr[-4000:]
+    want = expected_counts(word_count.SAMPLE_LINES)
+    assert summaries[-1]["words"] == len(want)
+    assert summaries[-1]["total"] == sum(want.values())
+    back = {r["key"].decode(): int(r["value"]) for r in _read_back(cluster, "wcj-counts")}
+    assert back == want
