@@ -274,18 +274,32 @@ def test_commands_without_a_running_cluster_fail_fast_and_clearly(tmp_path):
         assert_one_line_error(out, 1, "no raykafka cluster runs")
 
 
-def test_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
-    """`raykafka demo` starts the embedded default, produces and reads back every record,
-    prints its summary and exits 0; a second run on the same --data-dir replaces the topic
-    the first one left instead of failing."""
+def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
+    """`raykafka demo --simple` starts the embedded default, produces and reads back every
+    record, prints its summary and exits 0; a second run on the same --data-dir replaces the
+    topic the first one left instead of failing."""
     for run in range(2):
-        out = run_cli(str(tmp_path / "state"), "demo", "--records", "20000", "--data-dir",
-                      str(tmp_path / "demo"), timeout=300)
+        out = run_cli(str(tmp_path / "state"), "demo", "--simple", "--records", "20000",
+                      "--data-dir", str(tmp_path / "demo"), timeout=300)
         text = out.stdout.decode()
         assert out.returncode == 0, (text[-2000:], out.stderr.decode()[-2000:])
         assert "records consumed   20,000" in text
         assert "every record read back once" in text
         assert ("deleting the 'demo-events'" in text) == (run == 1)
+
+
+def test_demo_runs_the_mixed_pipeline_and_counts_every_order_once(tmp_path):
+    """`raykafka demo` (the main job) runs Ray producer tasks -> topic -> consumer-group
+    actors -> topic -> Spark, and its aggregate matches what was produced: exit 0, every
+    order counted once, a JSON summary with ok true as its last line."""
+    out = run_cli(str(tmp_path / "state"), "demo", "--records", "3000", "--partitions", "3",
+                  timeout=600)
+    text = out.stdout.decode()
+    assert out.returncode == 0, (text[-3000:], out.stderr.decode()[-3000:])
+    assert "every order counted once: yes" in text
+    summary = json.loads(text.strip().splitlines()[-1])
+    assert summary["ok"] and summary["records"] == 3000
+    assert sum(t["orders"] for t in summary["tiers"].values()) == 3000
 
 
 def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(tmp_path):
