@@ -368,6 +368,127 @@ class ZkStore:
         path = L.consumer_offset_path(group, topic, partition)
         return self._get_or_none(path, lambda d: L.decode_int(path, d))
 
+    def consumer_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every /consumers/<g>/offsets/<t>/<p> of the group: {(topic, partition): offset}
+        (a child that is not a partition number is skipped)."""
+        out: dict[tuple[str, int], int] = {}
+        root = f"{L.consumer_group_path(group)}/offsets"
+        try:
+            topics = self._children(root, None)
+        except NodeMissingError:
+            return out
+        for topic in topics:
+            try:
+                partitions = self._children(L.consumer_offsets_path(group, topic), None)
+            except NodeMissingError:
+                continue
+            for name in partitions:
+                if not name.isdigit():
+                    continue
+                offset = self.fetch_offset(group, topic, int(name))
+                if offset is not None:
+                    out[(topic, int(name))] = offset
+        return out
+
+    def put_consumer_registration(self, group: str, consumer_id: str,
+                                  registration: L.ConsumerRegistration) -> None:
+        """Ephemeral /consumers/<g>/ids/<consumer_id> with this body, created or replaced
+        (the session's own registry entry: a later subscription rewrites it)."""
+        path = L.consumer_id_path(group, consumer_id)
+        body = registration.to_bytes()
+
+        def write() -> None:
+            try:
+                self.zk.create(path, body, ephemeral=True, makepath=True)
+            except NodeExistsError:
+                self.zk.set(path, body)
+        self.retry.run(write)
+
+    def unregister_consumer(self, group: str, consumer_id: str) -> None:
+        self._delete_if_present(L.consumer_id_path(group, consumer_id))
+
+    def take_partition(self, group: str, topic: str, partition: int, owner: str) -> None:
+        """Make the ephemeral owner node of (topic, partition) this session's, holding
+        ``owner``: created; rewritten if it is already ours; replaced if another session
+        holds it (the caller knows better, e.g. a coordinator's newer generation, than a
+        node left by a consumer whose session has not expired yet)."""
+        path = L.consumer_owner_path(group, topic, partition)
+        body = L.encode_owner(owner)
+
+        def attempt() -> None:
+            try:
+                self.zk.create(path, body, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                pass
+            try:
+                data, stat = self.zk.get(path)
+            except NoNodeError:
+                raise NodeExistsError() from None       # gone meanwhile: try again
+            if stat.ephemeralOwner == self.zk.session_id:
+                if data != body:
+                    self.zk.set(path, body, version=stat.version)
+                return
+            try:
+                self.zk.delete(path, version=stat.version)
+            except (NoNodeError, BadVersionError):
+                pass
+            self.zk.create(path, body, ephemeral=True, makepath=True)
+
+        for _ in range(5):
+            try:
+                self.retry.run(attempt)
+                return
+            except (NodeExistsError, BadVersionError):
+                continue    # somebody else moved at the same time: look again
+        raise NodeAlreadyExistsError(f"{path}: could not take it in 5 attempts")
+
+    def release_partition_if_ours(self, group: str, topic: str, partition: int) -> bool:
+        """Delete the owner node of (topic, partition) only if this session created it;
+        True if it was deleted."""
+        path = L.consumer_owner_path(group, topic, partition)
+
+        def attempt() -> bool:
+            try:
+                _, stat = self.zk.get(path)
+            except NoNodeError:
+                return False
+            if stat.ephemeralOwner != self.zk.session_id:
+                return False
+            try:
+                self.zk.delete(path, version=stat.version)
+                return True
+            except (NoNodeError, BadVersionError):
+                return False
+        return self.retry.run(attempt)
+
+    def partition_owners(self, group: str) -> dict[tuple[str, int], str]:
+        """{(topic, partition): owner} of every owner node of the group."""
+        out: dict[tuple[str, int], str] = {}
+        root = f"{L.consumer_group_path(group)}/owners"
+        try:
+            topics = self._children(root, None)
+        except NodeMissingError:
+            return out
+        for topic in topics:
+            try:
+                partitions = self._children(L.consumer_owners_path(group, topic), None)
+            except NodeMissingError:
+                continue
+            for name in partitions:
+                if name.isdigit():
+                    owner = self._get_or_none(L.consumer_owner_path(group, topic, int(name)),
+                                              L.decode_owner)
+                    if owner is not None:
+                        out[(topic, int(name))] = owner
+        return out
+
+    def get_consumer_registration(self, group: str, consumer_id: str
+                                  ) -> L.ConsumerRegistration | None:
+        return self._get_or_none(L.consumer_id_path(group, consumer_id),
+                                 lambda d: L.ConsumerRegistration.from_bytes(group,
+                                                                             consumer_id, d))
+
     # -- helpers ---------------------------------------------------------------------------
 
     def _get(self, path: str, watch: Watch):

@@ -31,8 +31,19 @@ partitions start at the group's committed offset (else per ``auto_offset_reset``
 announced with ``on_partitions_assigned``. A caller that does not poll for
 ``max_poll_interval_ms`` leaves the group (its partitions go to the others) and rejoins at
 its next poll. ``commit`` writes what ``poll`` has returned (or the given offsets) through
-the coordinator, refused (typed error) for a member of an older generation. The seed's
-message streams are not built yet (IllegalStateError).
+the coordinator, refused (typed error) for a member of an older generation.
+
+Offsets storage (seed 000 5.6): ``offsets_storage="kafka"`` commits to __consumer_offsets
+through the coordinator; ``"zookeeper"`` writes ``/consumers/<g>/offsets/<t>/<p>`` (after the
+coordinator has checked the member's generation: an older generation is refused the same
+way); ``dual_commit=True`` writes both and reads the larger of the two (Kafka 0.8.2's
+migration path). With a group, the consumer also keeps the seed's ZooKeeper registry
+(``/consumers/<g>/ids/<consumer_id>``, ``/consumers/<g>/owners/<t>/<p>``) on its own
+ZooKeeper session (``zk_consumer.ConsumerZk``; ``zookeeper_registry=False`` turns it off).
+
+The seed's message streams (``create_message_streams``, ``create_message_streams_by_filter``)
+are fed by one background fetch loop calling this consumer's poll (``streams.py``); such a
+consumer is not polled or iterated directly.
 """
 
 from __future__ import annotations
@@ -45,8 +56,9 @@ import logging
 import threading
 
 from .. import raycompat
-from ..errors import (IllegalStateError, InvalidConfigurationError, OffsetOutOfRangeError,
-                      UnknownTopicOrPartitionError)
+from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
+                      OffsetOutOfRangeError, UnknownTopicOrPartitionError)
+from . import streams as _streams
 from ..protocol import unwrap
 from .config import positive_int, validate_config
 from .group import GroupMember
@@ -67,7 +79,9 @@ DEFAULTS = {
     "partition_assignment_strategy": "range",
     "max_poll_interval_ms": 300000,
     "group_instance_id": None,
-    "offsets_storage": "kafka",
+    "offsets_storage": "kafka",       # or "zookeeper" (seed 000 5.6)
+    "dual_commit": False,             # commit to both stores, read the max (migration)
+    "zookeeper_registry": True,       # the seed's /consumers/<g>/ids and /owners mirror
     "key_deserializer": None,
     "value_deserializer": None,
     "fetch_max_bytes": 1 << 20,
@@ -113,10 +127,14 @@ class Consumer:
                 f"{self.config['auto_offset_reset']!r}")
         positive_int(self.config, "fetch_max_wait_ms")
         positive_int(self.config, "fetch_min_bytes")
-        if self.config["offsets_storage"] != "kafka":
-            raise IllegalStateError(
-                f"offsets_storage={self.config['offsets_storage']!r} is not built yet "
-                f"(only 'kafka')")
+        if self.config["offsets_storage"] not in ("kafka", "zookeeper"):
+            raise InvalidConfigurationError(
+                f"offsets_storage must be 'kafka' or 'zookeeper', got "
+                f"{self.config['offsets_storage']!r}")
+        for key in ("dual_commit", "zookeeper_registry"):
+            if not isinstance(self.config[key], bool):
+                raise InvalidConfigurationError(f"{key} must be a bool, got "
+                                                f"{self.config[key]!r}")
         self.cluster = cluster
         self.metadata = cluster.metadata
         self._assigned: list[tuple[str, int]] = []
@@ -137,7 +155,14 @@ class Consumer:
         self._last_poll = time.monotonic()
         self._last_auto_commit = time.monotonic()
         self._heartbeat_thread: threading.Thread | None = None
+        self._paused: set = set()
+        self._filter: _streams.TopicFilter | None = None
+        self._streams: _streams.StreamFeeder | None = None
+        self._poll_lock = threading.RLock()       # the stream feeder's poll vs commit/close
+        self._zk = None                           # zk_consumer.ConsumerZk (groups only)
+        self.consumer_id: str | None = None       # the seed's consumer id (groups only)
         if self.config["group_id"] is not None:
+            self._setup_zookeeper()
             self._group = GroupMember(
                 self.metadata, self.config["group_id"],
                 strategy=self.config["partition_assignment_strategy"],
@@ -145,10 +170,63 @@ class Consumer:
                 rebalance_timeout_ms=positive_int(self.config, "max_poll_interval_ms", 1),
                 group_instance_id=self.config["group_instance_id"],
                 client_id=self.config["client_id"],
-                retry_backoff_ms=self.config["retry_backoff_ms"])
+                retry_backoff_ms=self.config["retry_backoff_ms"],
+                offsets_storage=self.config["offsets_storage"],
+                dual_commit=self.config["dual_commit"], zk=self._zk)
             positive_int(self.config, "heartbeat_interval_ms", 1)
         if topics:
             self.subscribe(topics)
+
+    def _setup_zookeeper(self) -> None:
+        """The consumer's own ZooKeeper session (opened on first use), for ZooKeeper
+        offsets and the seed's registry."""
+        from .zk_consumer import ConsumerZk, new_consumer_id
+        group_id = self.config["group_id"]
+        self.consumer_id = new_consumer_id(str(group_id))
+        needs_zk = self.config["offsets_storage"] == "zookeeper" or self.config["dual_commit"]
+        if not (needs_zk or self.config["zookeeper_registry"]):
+            return
+        zk_hosts = getattr(self.cluster, "zk_hosts", None)
+        if not zk_hosts:
+            if needs_zk:
+                raise InvalidConfigurationError(
+                    "offsets_storage='zookeeper' / dual_commit need the cluster's zk_hosts")
+            return
+        self._zk = ConsumerZk(zk_hosts, str(group_id), self.consumer_id,
+                              session_timeout_ms=positive_int(self.config,
+                                                              "session_timeout_ms", 1))
+
+    def _registry_on(self) -> bool:
+        return self._zk is not None and self.config["zookeeper_registry"]
+
+    def _subscribed(self) -> bool:
+        return bool(self._subscription or self._pattern is not None
+                    or self._filter is not None)
+
+    def _registration(self) -> tuple[dict, str]:
+        """The seed's registry body: ({topic or regex: streams}, pattern)."""
+        feeder = self._streams
+        if self._filter is not None:
+            return {self._filter.regex: feeder.counts if feeder else 1}, self._filter.pattern
+        if self._pattern is not None:
+            return {self._pattern.pattern: 1}, "white_list"
+        counts = feeder.counts if feeder is not None and not isinstance(feeder.counts, int) \
+            else {}
+        return {t: counts.get(t, 1) for t in sorted(self._subscription)}, "static"
+
+    def _join_streams(self) -> dict | None:
+        """The stream count per topic sent in JoinGroup (the range assignor's threads)."""
+        feeder = self._streams
+        if feeder is None:
+            return None
+        if isinstance(feeder.counts, int):
+            return {t: feeder.counts for t in self._group_topics or ()}
+        return dict(feeder.counts)
+
+    def _no_streams(self, what: str) -> None:
+        if self._streams is not None:
+            raise IllegalStateError(f"{what}: this consumer feeds message streams "
+                                    f"(create_message_streams*); iterate the streams instead")
 
     # -- assignment -------------------------------------------------------------------------
     def subscribe(self, topics=(), pattern: str | None = None, listener=None) -> None:
@@ -157,6 +235,7 @@ class Consumer:
         ``on_partitions_revoked(partitions)`` and ``on_partitions_assigned(partitions)``)
         is called around each rebalance, in ``poll``'s thread."""
         self._check_open()
+        self._no_streams("subscribe()")
         if isinstance(topics, str):
             topics = [topics]
         if not topics and pattern is None:
@@ -173,11 +252,13 @@ class Consumer:
     def _matching_topics(self, topics: dict | None = None) -> list[str]:
         if topics is None:
             topics = self.metadata.refresh().get("topics", {})
+        if self._filter is not None:
+            return sorted(t for t in topics if self._filter.matches(t))
         return sorted(t for t in topics if t in self._subscription or
                       (self._pattern is not None and self._pattern.fullmatch(t)))
 
     def _refresh_subscription(self) -> None:
-        if not self._subscription and self._pattern is None:
+        if not self._subscribed():
             return
         if self._group is not None:
             if self._matching_topics() != self._group_topics:
@@ -190,7 +271,7 @@ class Consumer:
     # -- the group --------------------------------------------------------------------------------
     def _ensure_group(self) -> None:
         """Join, or rejoin after a rebalance, before fetching (poll's thread)."""
-        if self._group is None or not (self._subscription or self._pattern is not None):
+        if self._group is None or not self._subscribed():
             return
         if self._heartbeat_thread is None:
             self._heartbeat_thread = threading.Thread(
@@ -210,9 +291,12 @@ class Consumer:
                 self._revoke(owned)
                 owned = []
             self._group_topics = self._matching_topics()
+            if self._registry_on():          # the seed registers before it rebalances
+                self._zk.register(*self._registration())
             self._joining.set()
             try:
-                new = self._group.join(self._group_topics, owned=owned)
+                new = self._group.join(self._group_topics, owned=owned,
+                                       streams=self._join_streams())
             finally:
                 self._joining.clear()
                 self._last_poll = time.monotonic()
@@ -265,6 +349,7 @@ class Consumer:
 
     def assign(self, partitions) -> None:
         self._check_open()
+        self._no_streams("assign()")
         if self._group is not None and self._group.member_id:
             raise IllegalStateError("assign() after subscribe() in a group: unsubscribe first")
         tps = []
@@ -283,16 +368,51 @@ class Consumer:
         self._returned = {tp: o for tp, o in self._returned.items() if tp in tps}
         self._inflight = {tp: f for tp, f in self._inflight.items() if tp in tps}
         self._buffer = [r for r in self._buffer if (r.topic, r.partition) in self._positions]
+        self._paused &= set(self._assigned)
+        self._assignment_changed()
+
+    def _assignment_changed(self) -> None:
+        """Tell the streams (new mapping; re-read what moved between streams) and the
+        ZooKeeper owners registry."""
+        if self._streams is not None:
+            for tp, offset in self._streams.remap(self._assigned).items():
+                self.seek(tp, offset)
+        if self._registry_on():
+            if self._group is not None and self._subscribed():
+                thread = self._streams.thread_of if self._streams is not None else (lambda _tp: 0)
+                from .zk_consumer import owner_id
+                self._zk.set_owners({tp: owner_id(self.consumer_id, thread(tp))
+                                     for tp in self._assigned})
+            else:
+                self._zk.set_owners({})
 
     def assignment(self) -> set:
         return set(self._assigned)
 
     def unsubscribe(self) -> None:
+        self._no_streams("unsubscribe()")
         if self._group is not None and self._group.member_id:
             self._revoke(list(self._assigned))
             self._group.leave()
         self._subscription, self._pattern = set(), None
         self._set_assignment([])
+        if self._registry_on():
+            self._zk.unregister()
+
+    # -- pausing (kafka-python's names) -----------------------------------------------------------
+    def pause(self, *partitions) -> None:
+        """Stop fetching ``partitions`` (they stay assigned) until ``resume``."""
+        for tp in partitions:
+            tp = tuple(tp)
+            self._require_assigned(tp)
+            self._paused.add(tp)
+
+    def resume(self, *partitions) -> None:
+        for tp in partitions:
+            self._paused.discard(tuple(tp))
+
+    def paused(self) -> set:
+        return set(self._paused)
 
     # -- positions ----------------------------------------------------------------------------
     def _list_offset(self, tp, time_ms: int) -> int:
@@ -352,13 +472,26 @@ class Consumer:
         self._check_open()
         if self._group is None:
             raise IllegalStateError("commit needs a group_id")
-        if offsets is None:
-            offsets = {tp: off for tp, off in self._returned.items() if tp in self._assigned}
-        offsets = {tuple(tp): off for tp, off in dict(offsets).items()}
-        if offsets:
-            self._group.commit(offsets)
+        with self._poll_lock:
+            if offsets is None:
+                self._take_stream_marks()
+                offsets = {tp: off for tp, off in self._returned.items()
+                           if tp in self._assigned}
+            offsets = {tuple(tp): off for tp, off in dict(offsets).items()}
+            if offsets:
+                self._group.commit(offsets)
+
+    def _take_stream_marks(self) -> None:
+        """With message streams, what was handed out counts as returned (seed 004's
+        ConsumerIterator), not what was queued."""
+        if self._streams is None:
+            return
+        for tp, offset in self._streams.take_marks().items():
+            if tp in self._assigned:
+                self._returned[tp] = offset
 
     def _commit_returned(self, tps, quiet: bool = False) -> None:
+        self._take_stream_marks()
         offsets = {tp: self._returned[tp] for tp in tps if tp in self._returned}
         if not offsets:
             return
@@ -381,9 +514,16 @@ class Consumer:
         """Records fetched since the last poll, at most ``max_records``; when there are
         none, fetch rounds (long polls at the leaders) until some arrive or ``timeout_ms``
         is over. See the module docstring."""
+        self._no_streams("poll()")
+        return self._poll(timeout_ms, max_records)
+
+    def _poll(self, timeout_ms: int = 0, max_records: int | None = None, *,
+              track: bool = True) -> dict:
+        """poll; with ``track`` False (the stream feeder) what it returns does not count as
+        returned: the streams count what they hand out."""
         self._check_open()
         self._last_poll = time.monotonic()
-        if self._pattern is not None or self._subscription:
+        if self._subscribed():
             self._refresh_subscription()
         self._ensure_group()
         if (self._group is not None and self.config["enable_auto_commit"]
@@ -406,7 +546,8 @@ class Consumer:
         out: dict = {}
         for rec in taken:
             out.setdefault((rec.topic, rec.partition), []).append(rec)
-            self._returned[(rec.topic, rec.partition)] = rec.offset + 1
+            if track:
+                self._returned[(rec.topic, rec.partition)] = rec.offset + 1
         self._last_poll = time.monotonic()
         return out
 
@@ -445,7 +586,7 @@ class Consumer:
         now = time.monotonic()
         expires_s = now + (self.config["request_timeout_ms"] + max_wait_ms) / 1000
         for tp in self._assigned:
-            if tp in self._inflight:
+            if tp in self._inflight or tp in self._paused:
                 continue
             backoff = self._backoffs.get(tp)
             if backoff is not None and backoff.retry_at_s > now:
@@ -495,7 +636,7 @@ class Consumer:
         """A fetch of ``tp`` failed with ``exc`` (as raised): put the partition in backoff
         and refresh the metadata, or raise the typed error when the policy gives up."""
         if (isinstance(exc, UnknownTopicOrPartitionError) and not self._retry.retriable(exc)
-                and (self._subscription or self._pattern is not None)):
+                and self._subscribed()):
             return   # a subscribed topic went away: the next poll's refresh drops it
         now = time.monotonic()
         backoff = self._backoffs.get(tp) or _Backoff(started_s=now)
@@ -521,24 +662,76 @@ class Consumer:
             for recs in batch.values():
                 yield from recs
 
-    # -- the seed's stream API needs groups --------------------------------------------------------
-    def create_message_streams(self, topic_count_map):
-        raise IllegalStateError("message streams need consumer groups, not built yet")
+    # -- the seed's stream API ---------------------------------------------------------------------
+    def create_message_streams(self, topic_count_map) -> dict:
+        """``{topic: n}`` -> ``{topic: [n streams]}``: this consumer subscribes to the
+        topics (in its group, the range assignor gives it n threads per topic) and each
+        partition it is assigned feeds exactly one of its topic's streams (see
+        ``streams.py``). Once per consumer; not with ``subscribe``/``assign``/``poll``."""
+        if not isinstance(topic_count_map, dict) or not topic_count_map:
+            raise IllegalArgumentError("create_message_streams needs {topic: number of "
+                                       "streams}")
+        counts = {}
+        for topic, n in topic_count_map.items():
+            if not isinstance(topic, str) or not topic:
+                raise IllegalArgumentError(f"create_message_streams: bad topic {topic!r}")
+            counts[topic] = _streams.check_stream_count(n, f"topic {topic!r}")
+        feeder = self._start_streams(counts, topics=set(counts), topic_filter=None)
+        out: dict = {}
+        for stream in feeder.streams:
+            out.setdefault(stream.topic, []).append(stream)
+        return out
 
-    def create_message_streams_by_filter(self, whitelist=None, blacklist=None, n_streams=1):
-        raise IllegalStateError("message streams need consumer groups, not built yet")
+    def create_message_streams_by_filter(self, whitelist=None, blacklist=None,
+                                         n_streams: int = 1) -> list:
+        """``n_streams`` streams over every topic matching the whitelist regex and not the
+        blacklist regex (Kafka's TopicFilter; internal topics never match), topics created
+        later included; each partition feeds exactly one stream."""
+        n = _streams.check_stream_count(n_streams, "create_message_streams_by_filter")
+        topic_filter = _streams.TopicFilter(whitelist, blacklist)
+        return list(self._start_streams(n, topics=set(), topic_filter=topic_filter).streams)
+
+    def _start_streams(self, counts, *, topics: set, topic_filter):
+        self._check_open()
+        if self._streams is not None:
+            raise IllegalStateError("message streams were already created on this consumer "
+                                    "(once per consumer, as the seed's connector)")
+        if self._subscribed() or self._assigned:
+            raise IllegalStateError(
+                "this consumer already has a subscription or an assignment "
+                "(subscribe/assign); message streams need a consumer of their own")
+        with self._poll_lock:
+            self._subscription, self._pattern, self._filter = topics, None, topic_filter
+            self._listener = None
+            self._streams = _streams.StreamFeeder(self, counts)
+            if self._group is not None:
+                self._group_topics = None
+                self._rejoin.set()
+            else:
+                self._refresh_subscription()
+        return self._streams.start()
 
     def close(self) -> None:
-        """Leave the group (after an auto-commit of what poll returned) and stop."""
+        """Leave the group (after an auto-commit of what poll returned, or with message
+        streams of what they handed out) and stop."""
         if self._closed:
             return
-        if self._group is not None and self._group.member_id:
-            if self.config["enable_auto_commit"]:
-                self._commit_returned(list(self._assigned), quiet=True)
-            self._group.leave()
-        self._closed = True
-        self._buffer = []
-        self._inflight = {}
+        if self._streams is not None:
+            self._streams.stop()
+        with self._poll_lock:
+            if self._closed:
+                return
+            try:
+                if self._group is not None and self._group.member_id:
+                    if self.config["enable_auto_commit"]:
+                        self._commit_returned(list(self._assigned), quiet=True)
+                    self._group.leave()
+            finally:
+                self._closed = True
+                self._buffer = []
+                self._inflight = {}
+                if self._zk is not None:
+                    self._zk.close()
 
     def _check_open(self) -> None:
         if self._closed:

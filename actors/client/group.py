@@ -13,7 +13,16 @@ it; it does no fetching itself.
 - ``heartbeat()`` is one Heartbeat; it answers True while the generation is current, False
   when the member must rejoin (a rebalance started, or its generation or membership is
   gone), which the caller does after revoking what it must.
-- ``commit(offsets)`` / ``committed(tps)`` / ``leave()``.
+- ``commit(offsets)`` / ``committed(tps)`` / ``leave()``. Where offsets live follows
+  ``offsets_storage`` (seed 000 5.6): "kafka", the coordinator's __consumer_offsets;
+  "zookeeper", ``/consumers/<g>/offsets/<t>/<p>`` through the consumer's own ZooKeeper
+  session (``zk``, a ``zk_consumer.ConsumerZk``), written only after the coordinator has
+  accepted an empty commit from this member and generation (the same generation check as
+  a real commit: an older generation is refused and nothing is written). ``dual_commit``
+  writes both stores (the coordinator first: its refusal stops the ZooKeeper write) and
+  ``committed`` answers the larger offset of the two (Kafka 0.8.2's
+  ZookeeperConsumerConnector with ``dual.commit.enabled``: "look up the offset in
+  zookeeper and take the max"), which is what a migration in either direction needs.
 
 Subscriptions travel as plain dicts (``{"topics", "streams", "owned", "generation"}``), so
 the coordinator never imports the assignors.
@@ -53,10 +62,20 @@ class GroupMember:
     def __init__(self, metadata, group_id: str, *, strategy: str = "range",
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 300_000,
                  group_instance_id: str | None = None, client_id: str = "raykafka",
-                 retry_backoff_ms: int = 100):
+                 retry_backoff_ms: int = 100, offsets_storage: str = "kafka",
+                 dual_commit: bool = False, zk=None):
         if not isinstance(group_id, str) or not group_id:
             raise IllegalArgumentError(f"group_id must be a non-empty str, got {group_id!r}")
         assignor(strategy)                              # an unknown name raises here
+        if offsets_storage not in ("kafka", "zookeeper"):
+            raise IllegalArgumentError(f"offsets_storage must be 'kafka' or 'zookeeper', got "
+                                       f"{offsets_storage!r}")
+        if (offsets_storage == "zookeeper" or dual_commit) and zk is None:
+            raise IllegalArgumentError("ZooKeeper offsets need the consumer's ZooKeeper "
+                                       "session (zk)")
+        self.offsets_storage = offsets_storage
+        self.dual_commit = bool(dual_commit)
+        self.zk = zk
         self.metadata = metadata
         self.group_id = group_id
         self.strategy = strategy
@@ -214,7 +233,15 @@ class GroupMember:
         """Commit ``{(topic, partition): offset | (offset, metadata)}`` as this member of
         its generation (IllegalGenerationError / UnknownMemberIdError /
         RebalanceInProgressError if it is not current: nothing is committed). Without a
-        member id (manual assignment) only while the group has no members."""
+        member id (manual assignment) only while the group has no members. With ZooKeeper
+        storage, see the module docstring."""
+        offsets = dict(offsets)
+        to_kafka = offsets if (self.offsets_storage == "kafka" or self.dual_commit) else {}
+        self._commit_kafka(to_kafka)          # with {}: only the generation check
+        if self.offsets_storage == "zookeeper" or self.dual_commit:
+            self.zk.commit_offsets(offsets)
+
+    def _commit_kafka(self, offsets: dict) -> None:
         last = None
         for _ in range(20):
             try:
@@ -226,7 +253,19 @@ class GroupMember:
         raise last
 
     def committed(self, partitions=None) -> dict:
-        """``{(topic, partition): offset}`` committed for the group."""
+        """``{(topic, partition): offset}`` committed for the group (from the configured
+        storage; with dual commit the larger of the two)."""
+        if partitions is not None:
+            partitions = [(t, int(p)) for t, p in partitions]
+        if self.offsets_storage == "zookeeper" and not self.dual_commit:
+            return self.zk.fetch_offsets(partitions)
+        got = self._committed_kafka(partitions)
+        if self.dual_commit:
+            for tp, offset in self.zk.fetch_offsets(partitions).items():
+                got[tp] = max(offset, got.get(tp, offset))
+        return got
+
+    def _committed_kafka(self, partitions=None) -> dict:
         last = None
         for _ in range(20):
             try:
