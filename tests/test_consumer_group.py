@@ -13,7 +13,7 @@ import pytest
 
 from actors import Cluster
 from actors.errors import InvalidConfigurationError
-from cluster_helpers import FAST_CONFIG, ray, unique_namespace, wait_until
+from cluster_helpers import FAST_CONFIG, ray, unique_namespace, wait_until, zk_client
 from cluster_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
 
 CONFIG = {**FAST_CONFIG, "offsets.topic.num.partitions": 2,
@@ -108,6 +108,22 @@ def _settled(group, topic: str, partitions: int, members: int) -> dict | None:
     return None
 
 
+def _zk_owners(cluster, group: str, topic: str, partitions: int) -> dict[int, str]:
+    """The seed's owners registry: partition -> the owner id in
+    /consumers/<group>/owners/<topic>/<partition> (absent partitions left out)."""
+    zk = zk_client(cluster)
+    try:
+        out = {}
+        for p in range(partitions):
+            path = f"/consumers/{group}/owners/{topic}/{p}"
+            if zk.exists(path):
+                out[p] = zk.get(path)[0].decode()
+        return out
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def _coordinator_owners(cluster, group: str) -> dict | None:
     """partition -> owner member ids, from the coordinator, when the group is Stable."""
     desc = cluster.admin().describe_group(group)
@@ -142,6 +158,12 @@ def test_three_member_actors_share_twelve_partitions_and_survive_a_killed_member
                        timeout_s=60)
         owned = wait_until(lambda: _settled(group, "work", PARTITIONS, 3), timeout_s=60,
                            what="the members' own view settled")
+        # the seed's registry agrees: one owner node per partition, three owners in all
+        registry = wait_until(lambda: (lambda o: o if len(o) == PARTITIONS and
+                                       len(set(o.values())) == 3 else None)(
+            _zk_owners(cluster, "workers", "work", PARTITIONS)), timeout_s=30,
+            what="every partition in the ZooKeeper owners registry")
+        assert len(registry) == PARTITIONS
         victim = group.members()[0]
         assert owned[victim], "the victim owned nothing"
         killed_at = time.monotonic()
@@ -158,6 +180,9 @@ def test_three_member_actors_share_twelve_partitions_and_survive_a_killed_member
         survivors = wait_until(lambda: _settled(group, "work", PARTITIONS, 2), timeout_s=30,
                                what="the survivors own every partition")
         assert owned[victim] <= set().union(*survivors.values())
+        wait_until(lambda: (lambda o: len(o) == PARTITIONS and len(set(o.values())) == 2)(
+            _zk_owners(cluster, "workers", "work", PARTITIONS)), timeout_s=30,
+            what="the registry shows the two survivors owning every partition")
         # session timeout, then one rebalance: the survivors rejoin at their next
         # heartbeat (0.3 s) and the join completes; slack for a loaded 2-core machine
         assert took <= SESSION_MS / 1000 + 2.0, f"partitions moved only after {took:.1f}s"
