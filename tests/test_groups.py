@@ -180,3 +180,41 @@ def test_two_consumers_share_a_topic_and_the_survivor_resumes_from_the_commits(c
     a.close()
     everything = seen[a] + seen[b] + more
     assert sorted(everything) == sorted(b"r%03d" % i for i in range(120))
+
+
+def test_an_empty_groups_offsets_expire_after_the_retention_and_members_keep_theirs():
+    """offsets.retention.minutes: the committed offsets of a group without members are
+    deleted (tombstones) once older than the retention; a group that still has a member
+    keeps its offsets however old."""
+    config = {**CONFIG, "offsets.retention.minutes": 0.05,          # 3 s
+              "offsets.retention.check.interval.ms": 500}
+    c = Cluster.start(num_brokers=1, namespace=unique_namespace("expire"),
+                      config={**config, "offsets.topic.replication.factor": 1})
+    try:
+        c.admin().create_topic("ev", partitions=2, replication_factor=1)
+        # the member's commit is the older one: were membership ignored, it would expire
+        # first
+        stays = GroupMember(c.metadata, "stays", session_timeout_ms=SESSION_MS)
+        stays.join(["ev"])
+        stays.commit({("ev", 1): 9})
+        stop = threading.Event()
+
+        def beat():
+            while not stop.wait(0.3):
+                stays.heartbeat()
+        beater = threading.Thread(target=beat, daemon=True)
+        beater.start()
+        try:
+            gone = GroupMember(c.metadata, "gone", session_timeout_ms=SESSION_MS)
+            gone.join(["ev"])
+            gone.commit({("ev", 0): 7})
+            gone.leave()
+            reader = GroupMember(c.metadata, "gone")
+            wait_until(lambda: reader.committed() == {}, timeout_s=30,
+                       what="the empty group's offsets expired")
+            assert stays.committed() == {("ev", 1): 9}
+        finally:
+            stop.set()
+            beater.join(timeout=5)
+    finally:
+        c.shutdown()

@@ -67,8 +67,9 @@ class GroupCoordinator:
             initial_rebalance_delay_ms=int(config.get("group.initial.rebalance.delay.ms",
                                                       3000)))
         self.cache = OffsetCache()
-        self.retention_ms = int(config.get("offsets.retention.minutes",
-                                           OFFSETS_RETENTION_MINUTES)) * 60_000
+        # minutes as Kafka has it; a fraction is taken (tests expire offsets in seconds)
+        self.retention_ms = int(float(config.get("offsets.retention.minutes",
+                                                 OFFSETS_RETENTION_MINUTES)) * 60_000)
         self.retention_check_ms = int(config.get("offsets.retention.check.interval.ms",
                                                  OFFSETS_RETENTION_CHECK_MS))
         self.num_partitions: int | None = None
