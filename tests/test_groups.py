@@ -218,3 +218,54 @@ def test_an_empty_groups_offsets_expire_after_the_retention_and_members_keep_the
             beater.join(timeout=5)
     finally:
         c.shutdown()
+
+
+def test_deleting_a_groups_offsets_writes_tombstones(cluster):
+    """Admin.delete_group_offsets on a group without members: the offsets are gone for
+    OffsetFetch, and the group's __consumer_offsets partition holds a tombstone (null value)
+    for each deleted key, which compaction then removes with the key."""
+    from actors.server.group_offsets import decode_key, offsets_partition
+    m = member(cluster, group="tomb")
+    m.join(["ev"])
+    m.commit({("ev", 0): 5, ("ev", 1): 6})
+    m.leave()
+    assert cluster.admin().delete_group_offsets("tomb") == 2
+    assert GroupMember(cluster.metadata, "tomb").committed() == {}
+    partition = offsets_partition("tomb", CONFIG["offsets.topic.num.partitions"])
+    consumer = cluster.simple_consumer()
+    tombstones, offset = set(), 0
+    while True:
+        records = consumer.fetch(OFFSETS_TOPIC, partition, offset)
+        if not records:
+            break
+        for r in records:
+            key = decode_key(r.key) if r.key else None
+            if key and key[0] == "tomb" and r.value is None:
+                tombstones.add(key[1:])
+        offset = records[-1].offset + 1
+    assert tombstones == {("ev", 0), ("ev", 1)}
+
+
+def test_a_pattern_subscription_picks_up_a_topic_created_after_subscribe(cluster):
+    """subscribe(pattern=...) in a group: a topic created later that matches is assigned
+    and read without a new subscribe (the seed's filter watch)."""
+    cluster.admin().create_topic("pat-a", partitions=1, replication_factor=1)
+    c = cluster.consumer(group_id="pat", auto_offset_reset="earliest",
+                         session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300)
+    c.subscribe(pattern=r"pat-.*")
+    seen = set()
+    try:
+        with cluster.producer() as producer:
+            producer.send("pat-a", b"a").get(timeout=30)
+        wait_until(lambda: seen.update(r.topic for recs in c.poll(timeout_ms=200).values()
+                                       for r in recs) or "pat-a" in seen,
+                   timeout_s=60, what="the first topic read")
+        cluster.admin().create_topic("pat-b", partitions=1, replication_factor=1)
+        with cluster.producer() as producer:
+            producer.send("pat-b", b"b").get(timeout=60)
+        wait_until(lambda: seen.update(r.topic for recs in c.poll(timeout_ms=200).values()
+                                       for r in recs) or "pat-b" in seen,
+                   timeout_s=60, what="the topic created after subscribe read")
+        assert ("pat-b", 0) in c.assignment()
+    finally:
+        c.close()
