@@ -63,3 +63,16 @@ def test_a_valid_plan_without_a_cluster_says_no_cluster_runs(tmp_path):
     out = run_cli(str(tmp_path / "state"), "reassign", path, "--namespace", "nothing-here",
                   timeout=120)
     assert_one_line_error(out, 1, "no raykafka cluster runs")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--wait-workers", "-1"), "expected a number >= 0, got '-1'"),
+    (("--wait-workers", "two"), "expected a number >= 0, got 'two'"),
+    (("--wait-workers", "2"), "--wait-workers waits for the worker nodes of the Ray given "
+                              "with --ray-address"),
+])
+def test_start_wait_workers_needs_a_count_and_a_ray_address(tmp_path, args, needle):
+    """`start --wait-workers` (cluster.yaml's head command) refuses a negative or non-number
+    count, and a count without --ray-address, in one line before starting anything."""
+    out = run_cli(str(tmp_path), "start", *args, timeout=60)
+    assert_one_line_error(out, 2, needle)

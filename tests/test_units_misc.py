@@ -97,8 +97,8 @@ def test_meta_properties_is_written_once_and_refuses_another_cluster_or_broker(t
 
 
 def test_cluster_yaml_is_a_ray_up_config_that_installs_raykafka_and_zookeeper():
-    """cluster.yaml parses, uses Ray's local provider, runs scripts/install.sh on every node
-    and installs ZooKeeper on the head (the brokers' registry)."""
+    """cluster.yaml parses, uses Ray's local provider, runs scripts/install.sh on every node,
+    starts ZooKeeper and the daemon on the head, and no command of it runs `ray stop`."""
     import os
 
     import yaml
@@ -108,9 +108,14 @@ def test_cluster_yaml_is_a_ray_up_config_that_installs_raykafka_and_zookeeper():
     assert conf["provider"]["type"] == "local"
     assert any("scripts/install.sh" in c for c in conf["setup_commands"])
     assert os.path.exists(os.path.join(root, "scripts", "install.sh"))
-    assert any("zookeeper" in c for c in conf["head_setup_commands"])
-    assert any("ray start --head" in c for c in conf["head_start_ray_commands"])
+    head = conf["head_start_ray_commands"]
+    assert any("ray start --head" in c for c in head)
+    assert any("scripts/head_zookeeper.py start" in c for c in head)
+    assert any("raykafka start --ray-address auto" in c for c in head)
     assert any("ray start --address" in c for c in conf["worker_start_ray_commands"])
+    commands = [c for key, value in conf.items() if key.endswith("_commands")
+                for c in value]
+    assert not any("ray stop" in c for c in commands)
 
 
 def test_metadata_forgets_a_cached_no_leader_answer_and_dropped_handles():
