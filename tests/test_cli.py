@@ -300,6 +300,9 @@ def test_demo_runs_the_mixed_pipeline_and_counts_every_order_once(tmp_path):
     summary = json.loads(text.strip().splitlines()[-1])
     assert summary["ok"] and summary["records"] == 3000
     assert sum(t["orders"] for t in summary["tiers"].values()) == 3000
+    import pyarrow.parquet as pq
+    table = pq.read_table(summary["parquet"])
+    assert sum(table.column("orders").to_pylist()) == 3000
 
 
 def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(tmp_path):

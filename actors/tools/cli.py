@@ -96,8 +96,13 @@ def cmd_start(args) -> int:
         elif int(elapsed_s * 2) % 10 == 0:  # a line every ~5 s when not on a terminal
             _err(line)
 
+    if args.wait_workers and not args.ray_address:
+        raise UsageError("--wait-workers waits for the worker nodes of the Ray given with "
+                         "--ray-address")
     t0 = time.monotonic()
     try:
+        if args.wait_workers and daemon.live_state(args.namespace) is None:
+            _wait_for_workers(args, progress)
         state = daemon.start_daemon(namespace=args.namespace, brokers=args.brokers,
                                     data_dir=args.data_dir, zk=args.zk,
                                     ray_address=args.ray_address,
@@ -116,6 +121,36 @@ def cmd_start(args) -> int:
     from .. import raycompat
     print(f"  state file  {raycompat.state_path(args.namespace)}")
     return 0
+
+
+def _wait_for_workers(args, progress) -> None:
+    """``start --wait-workers N``: wait (up to ``--timeout``) until the Ray at
+    ``--ray-address`` has N alive worker nodes. A ``ray up`` cluster's workers join after its
+    head, and the brokers are placed on the worker nodes there are when the cluster starts
+    (actors/server/nodes.py): started too early they would all go to the first ones."""
+    import logging
+
+    from .. import raycompat
+    from ..errors import KafkaTimeoutError
+    from ..server.nodes import HEAD_RESOURCE
+    ray = raycompat.ray
+    raycompat.attach(args.ray_address, args.namespace, logging_level=logging.WARNING)
+    try:
+        started = time.monotonic()
+        while True:
+            workers = sum(1 for n in ray.nodes() if n.get("Alive")
+                          and HEAD_RESOURCE not in n.get("Resources", {}))
+            if workers >= args.wait_workers:
+                return
+            elapsed = time.monotonic() - started
+            if elapsed > args.timeout:
+                raise KafkaTimeoutError(
+                    f"{workers} of {args.wait_workers} worker nodes joined the Ray at "
+                    f"{args.ray_address} within {args.timeout:.0f}s")
+            progress(elapsed, f"{workers} of {args.wait_workers} worker nodes")
+            time.sleep(0.5)
+    finally:
+        ray.shutdown()
 
 
 def cmd_stop(args) -> int:
@@ -610,9 +645,10 @@ def cmd_demo(args) -> int:
         return 0 if summary["ok"] else EXIT_ERROR
     # The main demo is a job (Ray tasks, consumer-group actors and Spark together), so it
     # lives with the jobs, which use only the public API; the CLI only launches it.
-    from jobs.examples.pipeline import run as run_pipeline
+    from jobs.examples.etl import run as run_pipeline
+    output = os.path.join(args.data_dir, "etl-tiers.parquet") if args.data_dir else None
     summary = run_pipeline(records=args.records or 100_000, partitions=args.partitions,
-                           brokers=args.brokers, data_dir=args.data_dir)
+                           brokers=args.brokers, data_dir=args.data_dir, output=output)
     return 0 if summary["ok"] else EXIT_ERROR
 
 
@@ -642,6 +678,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the brokers on this running Ray (\"auto\", or HOST:PORT of its "
                         "GCS; on a `ray up` cluster one broker per worker node) instead of a "
                         "private local Ray; `stop` then leaves that Ray running")
+    s.add_argument("--wait-workers", type=_non_negative_int, default=0, metavar="N",
+                   help="with --ray-address: first wait (up to --timeout) until that Ray has "
+                        "N worker nodes, so that the brokers go one per worker (the workers "
+                        "of a `ray up` cluster join after its head; default 0: no wait)")
     s.add_argument("--timeout", type=_positive_float, default=150.0,
                    help="seconds to wait for the cluster (default 150)")
     s = cmd(sub, "stop", cmd_stop, "stop the cluster `start` left running")
@@ -761,14 +801,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = None
+    if value is None or value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "a number >= 0")
 
 
 def _zk_connect(text: str) -> str:

@@ -1,6 +1,6 @@
-"""The mixed pipeline: Ray producer tasks -> topic -> a consumer group of member actors that
-enrich each record -> a second topic -> a Spark aggregation, with progress bars and a
-summary table.
+"""The ETL example and `raykafka demo`: Ray producer tasks -> topic -> a consumer group of
+member actors that enrich each record -> a second topic -> a Spark aggregation written to
+Parquet, with progress bars and a summary table.
 
 1. ``--tasks`` Ray tasks each produce their share of ``--records`` orders (JSON: id, user,
    amount in cents; key = the user) to ``pipeline-orders`` with acks=all;
@@ -10,14 +10,17 @@ summary table.
    commits what it processed. That is at least once: a member that dies between writing and
    committing makes the next owner write those orders again;
 3. Spark (RayDP) reads ``pipeline-enriched`` with ``read_topic_df``, drops the repeats by
-   order id (what makes the result exact) and sums orders and amounts per tier.
+   order id (what makes the result exact), sums orders and amounts per tier and writes that
+   to Parquet (``--output``, a directory of part files as Spark writes it; default a new
+   temporary directory; the executors write it, so on several machines it must be a
+   filesystem they share).
 
-The driver knows what it produced, so it checks the aggregate against the expected one
-(every order counted once, per tier) and prints a table. Run it directly (an embedded
+The driver knows what it produced, so it reads the Parquet back, checks it against the
+expected aggregate (every order counted once, per tier) and prints a table. Run it directly (an embedded
 cluster, shut down at the end) or against a running cluster as a Ray job:
 
-    python jobs/examples/pipeline.py [--records 100000]
-    ray job submit --working-dir . -- python jobs/examples/pipeline.py --namespace raykafka
+    python jobs/examples/etl.py [--records 100000] [--output DIR]
+    ray job submit --working-dir . -- python jobs/examples/etl.py --namespace raykafka
 
 The last line printed is one JSON object (``ok`` false when a check failed).
 """
@@ -110,8 +113,11 @@ class Enricher:
         self._producer.send_batch(ENRICHED, values, keys=keys).wait(timeout=120)
 
 
-def aggregate(spark, cluster) -> dict[str, tuple[int, int]]:
-    """Spark: the enriched topic, repeats dropped by order id, summed per tier."""
+def aggregate(spark, cluster, output: str) -> dict[str, tuple[int, int]]:
+    """Spark: the enriched topic, repeats dropped by order id, summed per tier, written to
+    Parquet at ``output`` (replacing what is there); returns what the Parquet holds."""
+    import pyarrow.parquet as pq
+
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -123,9 +129,11 @@ def aggregate(spark, cluster) -> dict[str, tuple[int, int]]:
               .select(F.from_json(F.col("value").cast("string"), schema).alias("o"))
               .select("o.*")
               .dropDuplicates(["id"]))
-    rows = (orders.groupBy("tier")
-            .agg(F.count("*").alias("orders"), F.sum("amount_cents").alias("amount"))
-            .collect())
+    (orders.groupBy("tier")
+     .agg(F.count("*").alias("orders"), F.sum("amount_cents").alias("amount"))
+     .coalesce(1)
+     .write.mode("overwrite").parquet(output))
+    rows = pq.read_table(output).to_pylist()
     return {row["tier"]: (int(row["orders"]), int(row["amount"])) for row in rows}
 
 
@@ -152,10 +160,13 @@ def _fresh_topics(cluster, partitions: int, say) -> None:
 
 def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions: int = 6,
         namespace: str | None = None, brokers: int = 3, data_dir: str | None = None,
-        quiet: bool = False) -> dict:
+        output: str | None = None, quiet: bool = False) -> dict:
     """The pipeline; returns the summary (see the module docstring). ``namespace`` None
     starts an embedded cluster (in ``data_dir``, default a temporary dir) and shuts it
-    down at the end; a namespace attaches to that running cluster."""
+    down at the end; a namespace attaches to that running cluster. ``output`` is the
+    Parquet directory of the aggregate (default a new temporary directory)."""
+    import tempfile
+
     import ray
     from tqdm import tqdm
 
@@ -163,6 +174,8 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
     from jobs.spark import active_session, spark_session, stop_spark
 
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    output = os.path.abspath(output or os.path.join(
+        tempfile.mkdtemp(prefix="raykafka-etl-"), "tiers.parquet"))
     phases: dict[str, float] = {}
     t = time.perf_counter()
     embedded = namespace is None
@@ -226,10 +239,10 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
             own_spark = True
         phases["spark_start_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        got = aggregate(spark, cluster)
+        got = aggregate(spark, cluster, output)
         phases["aggregate_s"] = time.perf_counter() - t
-        say(f"[4/4] Spark aggregated {ENRICHED!r} in {phases['aggregate_s']:.1f}s "
-            f"(session start {phases['spark_start_s']:.1f}s)")
+        say(f"[4/4] Spark aggregated {ENRICHED!r} into {output} in "
+            f"{phases['aggregate_s']:.1f}s (session start {phases['spark_start_s']:.1f}s)")
     finally:
         if group is not None:
             group.stop()
@@ -242,7 +255,7 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
     problems = [f"tier {name}: got {got.get(name)}, expected {want.get(name)}"
                 for name in sorted(set(want) | set(got)) if got.get(name) != want.get(name)]
     summary = {"ok": not problems, "records": records, "tasks": len(refs),
-               "members": members, "partitions": partitions,
+               "members": members, "partitions": partitions, "parquet": output,
                "tiers": {name: {"orders": n, "amount_cents": a}
                          for name, (n, a) in sorted(got.items())},
                **{k: round(v, 2) for k, v in phases.items()}, "problems": problems}
@@ -264,6 +277,9 @@ def main(argv=None) -> dict:
     p.add_argument("--tasks", type=int, default=4, help="Ray producer tasks")
     p.add_argument("--members", type=int, default=3, help="consumer-group member actors")
     p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--output", default=None,
+                   help="the Parquet directory of the aggregate (default: a new temporary "
+                        "directory)")
     p.add_argument("--namespace", default=None,
                    help="attach to this raykafka cluster (default: "
                         f"{DEFAULT_NAMESPACE!r} under `ray job submit`, else an embedded one)")
@@ -274,7 +290,7 @@ def main(argv=None) -> dict:
     namespace = args.namespace or (DEFAULT_NAMESPACE if os.environ.get("RAY_ADDRESS")
                                    else None)
     summary = run(records=args.records, tasks=args.tasks, members=args.members,
-                  partitions=args.partitions, namespace=namespace)
+                  partitions=args.partitions, namespace=namespace, output=args.output)
     if not summary["ok"]:
         sys.exit(1)
     return summary
