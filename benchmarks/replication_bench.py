@@ -31,18 +31,16 @@ Nothing outside this run is touched: the Ray it starts is its own and ends with 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import struct
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
+from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
 
 GOAL_RF3_RECORDS_PER_S = 1_000_000
 GOAL_RF3_VS_RF1 = 0.6
@@ -53,9 +51,6 @@ E2E_CHUNK = 10                     # records sent per tick: E2E_RATE / 1000 per 
 STAMP = "<d"                       # the send time (time.time()) at the start of each value
 # (a format string, not a struct.Struct: the consumer actor below is shipped by value)
 
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def percentile(values, q: float):
@@ -188,17 +183,6 @@ def end_to_end(cluster, topic: str, seconds: float, size: int) -> dict:
 
 
 # -- the run -----------------------------------------------------------------------------------
-def phase(out: dict, name: str, fn, *args) -> None:
-    """Run one measurement into ``out``; a failure is recorded and the run goes on."""
-    t0 = time.perf_counter()
-    say(f"{name} ...")
-    try:
-        out.update(fn(*args))
-    except Exception as exc:  # noqa: BLE001 - reported in the JSON line
-        out[f"{name}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        say(f"{name} failed: {out[f'{name}_error']}")
-    say(f"{name} done in {time.perf_counter() - t0:.1f}s")
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -214,42 +198,21 @@ def main() -> int:
     records = a.records or (300_000 if a.quick else 1_000_000)
     warmup = max(records // 5, 10_000)
     e2e_s = a.e2e_seconds or (5.0 if a.quick else 10.0)
-    os.environ.setdefault("RAYKAFKA_NO_PROGRESS", "1")
-
-    import logging
-
-    import ray
-
-    from actors import Cluster, raycompat
     t_start = time.perf_counter()
-    work = tempfile.mkdtemp(prefix="raykafka-replication-bench-")
     out: dict = {"brokers": a.brokers, "partitions": a.partitions,
                  "record_size": a.record_size, "records": records, "warmup": warmup}
-    raycompat.init_local("raykafka-replication-bench", logging_level=logging.WARNING)
-    try:
-        cluster = Cluster.start(num_brokers=a.brokers, data_dir=os.path.join(work, "cluster"),
-                                namespace=f"repl-bench-{os.getpid()}")
-        try:
-            out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
-            phase(out, "ray_call", ray_call_ms)
-            make_topic(cluster, "rf1", a.partitions, 1)
-            make_topic(cluster, "rf3", a.partitions, 3)
-            make_topic(cluster, "e2e", a.partitions, 3)
-            phase(out, "rf1", lambda: _rate("rf1", throughput(
-                cluster, "rf1", records, warmup, a.record_size)))
-            phase(out, "rf3", lambda: _rate("rf3_acks_all", throughput(
-                cluster, "rf3", records, warmup, a.record_size)))
-            phase(out, "e2e", end_to_end, cluster, "e2e", e2e_s, a.record_size)
-        finally:
-            cluster.shutdown()
-    finally:
-        ray.shutdown()
-        shutil.rmtree(work, ignore_errors=True)
-    out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-    _goals(out)
-    _table(out)
-    print(json.dumps(out, allow_nan=False), flush=True)
-    return 0
+    with bench_cluster("replication-bench", a.brokers) as (cluster, _):
+        out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
+        phase(out, "ray_call", ray_call_ms)
+        make_topic(cluster, "rf1", a.partitions, 1)
+        make_topic(cluster, "rf3", a.partitions, 3)
+        make_topic(cluster, "e2e", a.partitions, 3)
+        phase(out, "rf1", lambda: _rate("rf1", throughput(
+            cluster, "rf1", records, warmup, a.record_size)))
+        phase(out, "rf3", lambda: _rate("rf3_acks_all", throughput(
+            cluster, "rf3", records, warmup, a.record_size)))
+        phase(out, "e2e", end_to_end, cluster, "e2e", e2e_s, a.record_size)
+    return finish(out, t_start, _goals, _table)
 
 
 def _rate(prefix: str, result: dict) -> dict:
@@ -258,16 +221,14 @@ def _rate(prefix: str, result: dict) -> dict:
             f"{prefix}_chunk_p50_ms": result["p50_ms"], f"{prefix}_chunk_p99_ms": result["p99_ms"]}
 
 
-def _ratio(x, y):
-    return round(x / y, 3) if x is not None and y else None
 
 
 def _goals(out: dict) -> None:
     rf1, rf3 = out.get("rf1_records_per_s"), out.get("rf3_acks_all_records_per_s")
     call = out.get("ray_call_p50_ms")
-    out["rf3_vs_rf1"] = _ratio(rf3, rf1)
-    out["e2e_p50_x_ray_call"] = _ratio(out.get("e2e_p50_ms"), call)
-    out["e2e_p99_x_ray_call"] = _ratio(out.get("e2e_p99_ms"), call)
+    out["rf3_vs_rf1"] = ratio(rf3, rf1)
+    out["e2e_p50_x_ray_call"] = ratio(out.get("e2e_p50_ms"), call)
+    out["e2e_p99_x_ray_call"] = ratio(out.get("e2e_p99_ms"), call)
     out["goals"] = {
         "rf3_records_per_s": rf3 is not None and rf3 >= GOAL_RF3_RECORDS_PER_S,
         "rf3_vs_rf1": out["rf3_vs_rf1"] is not None and out["rf3_vs_rf1"] >= GOAL_RF3_VS_RF1,

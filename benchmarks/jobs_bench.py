@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Jobs benchmark (issue 10): Ray Data and Spark reading and writing topics.
+
+One run on a private local Ray (127.0.0.1), an embedded ZooKeeper and a 3-broker cluster,
+one 6-partition topic of 100-byte values. In this order:
+
+1. ``write_topic_records_per_s``: ``jobs.data.write_topic`` of a materialised Ray Dataset
+   of N records (value only, acks=all, RF=1) into the topic; the dataset is built and
+   materialised before the clock starts.
+2. ``iter_columns_records_per_s``: the baseline, ``raykafka perf consume``
+   (``SimpleConsumer.iter_columns``, one process, fetches pipelined per partition) of all
+   N records.
+3. ``read_topic_records_per_s``: ``jobs.data.read_topic`` of all N records into Arrow
+   blocks in Ray's object store (``Dataset.materialize()``), read tasks in parallel.
+4. A Parquet copy of the same records (``Dataset.write_parquet`` of that materialised
+   Dataset; not timed as a goal).
+5. Spark (RayDP, one executor): ``count()`` and ``groupBy("partition").count()`` through
+   ``read_topic_df`` (``spark_count_s``, ``spark_groupby_s``), then the same two over the
+   Parquet copy (``spark_parquet_count_s``, ``spark_parquet_groupby_s``).
+
+Goals (the issue's): read_topic >= 5,000,000 records/s and >= 1.5 x iter_columns;
+write_topic >= 1,000,000 records/s; Spark through read_topic_df within 2 x Parquet.
+A phase that fails is reported (``<phase>_error``) and the run goes on, so the last line
+is always one JSON object; figures go to stderr as a table.
+
+    python benchmarks/jobs_bench.py              # 10M records, ~5 minutes on 2 cores
+    python benchmarks/jobs_bench.py --quick      # 2M records
+
+Nothing outside this run is touched: the Ray it starts is its own and ends with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
+from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
+
+GOAL_READ_RECORDS_PER_S = 5_000_000
+GOAL_READ_VS_ITER_COLUMNS = 1.5
+GOAL_WRITE_RECORDS_PER_S = 1_000_000
+GOAL_SPARK_VS_PARQUET = 2.0
+TOPIC = "jobs-bench"
+
+
+
+
+
+def _values(batch, size: int):
+    import numpy as np
+    import pyarrow as pa
+    ids = batch["id"]
+    n = len(ids)
+    raw = np.full((n, size), ord("x"), dtype=np.uint8)
+    digits = np.char.zfill(ids.astype(str), 12).astype("S12").view(np.uint8).reshape(n, 12)
+    raw[:, :12] = digits
+    offsets = np.arange(0, (n + 1) * size, size, dtype=np.int32)
+    values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                    pa.py_buffer(raw.tobytes())])
+    return pa.table({"value": values})
+
+
+def write(cluster, records: int, size: int) -> dict:
+    import ray
+
+    from jobs.data import write_topic
+    blocks = max(12, records // 250_000)
+    ds = (ray.data.range(records, override_num_blocks=blocks)
+          .map_batches(_values, fn_kwargs={"size": size}, batch_format="numpy",
+                       batch_size=None)
+          .materialize())
+    t0 = time.perf_counter()
+    counts = write_topic(ds, cluster, TOPIC, acks="all")
+    elapsed = time.perf_counter() - t0
+    written = sum(counts.values())
+    if written != records:
+        raise RuntimeError(f"write_topic wrote {written} of {records} records")
+    return {"write_topic_records_per_s": round(records / elapsed),
+            "write_topic_s": round(elapsed, 2), "write_topic_blocks": blocks}
+
+
+def iter_columns(cluster, records: int) -> dict:
+    from actors.tools import perf
+    result = perf.consume(cluster, TOPIC, num_records=records, progress=False)
+    if result["records"] != records:
+        raise RuntimeError(f"perf consume read {result['records']} of {records} records")
+    return {"iter_columns_records_per_s": result["records_per_s"],
+            "iter_columns_s": result["elapsed_s"]}
+
+
+def read(cluster, records: int, state: dict) -> dict:
+    from jobs.data import read_topic
+    t0 = time.perf_counter()
+    ds = read_topic(cluster, TOPIC).materialize()
+    elapsed = time.perf_counter() - t0
+    got = ds.count()
+    if got != records:
+        raise RuntimeError(f"read_topic read {got} of {records} records")
+    state["dataset"] = ds
+    return {"read_topic_records_per_s": round(records / elapsed),
+            "read_topic_s": round(elapsed, 2), "read_topic_blocks": ds.num_blocks()}
+
+
+def parquet_copy(state: dict, path: str) -> dict:
+    t0 = time.perf_counter()
+    state.pop("dataset").write_parquet(path)
+    return {"parquet_write_s": round(time.perf_counter() - t0, 2),
+            "parquet_MB": round(sum(os.path.getsize(os.path.join(d, f))
+                                    for d, _, fs in os.walk(path) for f in fs) / 1e6, 1)}
+
+
+def spark(cluster, records: int, path: str, executor_memory: str) -> dict:
+    from jobs.spark import read_topic_df, spark_session
+    t0 = time.perf_counter()
+    session = spark_session(app_name="raykafka-jobs-bench", executor_memory=executor_memory)
+    session.range(1).count()                         # the executor up and warm
+    out = {"spark_start_s": round(time.perf_counter() - t0, 1)}
+
+    def timed(key, fn, want):
+        t = time.perf_counter()
+        got = fn()
+        out[key] = round(time.perf_counter() - t, 2)
+        if got != want:
+            raise RuntimeError(f"{key}: got {got}, expected {want}")
+
+    def per_partition(df):
+        return sum(row["count"] for row in df.groupBy("partition").count().collect())
+
+    timed("spark_count_s", lambda: read_topic_df(session, cluster, TOPIC).count(), records)
+    timed("spark_groupby_s", lambda: per_partition(read_topic_df(session, cluster, TOPIC)),
+          records)
+    timed("spark_parquet_count_s", lambda: session.read.parquet(path).count(), records)
+    timed("spark_parquet_groupby_s", lambda: per_partition(session.read.parquet(path)),
+          records)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2,000,000 records")
+    ap.add_argument("--records", type=int, default=None,
+                    help="records in the topic (default 10,000,000; --quick 2,000,000)")
+    ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--executor-memory", default="2g", help="Spark executor memory")
+    ap.add_argument("--no-spark", action="store_true", help="skip the Spark phases")
+    a = ap.parse_args()
+    records = a.records or (2_000_000 if a.quick else 10_000_000)
+    if records < 1 or a.record_size < 12 or a.partitions < 1 or a.brokers < 1:
+        ap.error("--records, --partitions and --brokers must be >= 1, --record-size >= 12")
+    from actors.tools import perf
+    t_start = time.perf_counter()
+    out: dict = {"brokers": a.brokers, "partitions": a.partitions,
+                 "record_size": a.record_size, "records": records}
+    state: dict = {}
+    with bench_cluster("jobs-bench", a.brokers) as (cluster, work):
+        parquet = os.path.join(work, "parquet")
+        out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
+        cluster.admin().create_topic(TOPIC, partitions=a.partitions, replication_factor=1,
+                                     config=dict(perf.PERF_TOPIC_CONFIG))
+        try:
+            phase(out, "write_topic", write, cluster, records, a.record_size)
+            if "write_topic_error" not in out:
+                phase(out, "iter_columns", iter_columns, cluster, records)
+                phase(out, "read_topic", read, cluster, records, state)
+                if "dataset" in state:
+                    phase(out, "parquet", parquet_copy, state, parquet)
+                if not a.no_spark and "parquet_write_s" in out:
+                    phase(out, "spark", spark, cluster, records, parquet, a.executor_memory)
+        finally:
+            state.clear()
+            from jobs.spark import stop_spark
+            stop_spark()
+    return finish(out, t_start, _goals, _table)
+
+
+def _goals(out: dict) -> None:
+    read, base = out.get("read_topic_records_per_s"), out.get("iter_columns_records_per_s")
+    write = out.get("write_topic_records_per_s")
+    out["read_topic_vs_iter_columns"] = ratio(read, base)
+    out["spark_count_vs_parquet"] = ratio(out.get("spark_count_s"),
+                                           out.get("spark_parquet_count_s"))
+    out["spark_groupby_vs_parquet"] = ratio(out.get("spark_groupby_s"),
+                                             out.get("spark_parquet_groupby_s"))
+    out["goals"] = {
+        "read_topic_records_per_s": read is not None and read >= GOAL_READ_RECORDS_PER_S,
+        "read_topic_vs_iter_columns": out["read_topic_vs_iter_columns"] is not None
+        and out["read_topic_vs_iter_columns"] >= GOAL_READ_VS_ITER_COLUMNS,
+        "write_topic_records_per_s": write is not None and write >= GOAL_WRITE_RECORDS_PER_S,
+        "spark_count_vs_parquet": out["spark_count_vs_parquet"] is not None
+        and out["spark_count_vs_parquet"] <= GOAL_SPARK_VS_PARQUET,
+        "spark_groupby_vs_parquet": out["spark_groupby_vs_parquet"] is not None
+        and out["spark_groupby_vs_parquet"] <= GOAL_SPARK_VS_PARQUET,
+    }
+
+
+def _table(out: dict) -> None:
+    def fmt(v, spec="{:,.0f}"):
+        return "-" if v is None else spec.format(v)
+
+    def mark(key):
+        return "met" if out["goals"][key] else "MISSED"
+    rows = [
+        ("write_topic records/s", fmt(out.get("write_topic_records_per_s")),
+         f">= {GOAL_WRITE_RECORDS_PER_S:,}: {mark('write_topic_records_per_s')}"),
+        ("iter_columns records/s (baseline)", fmt(out.get("iter_columns_records_per_s")), ""),
+        ("read_topic records/s", fmt(out.get("read_topic_records_per_s")),
+         f">= {GOAL_READ_RECORDS_PER_S:,}: {mark('read_topic_records_per_s')}"),
+        ("read_topic / iter_columns", fmt(out.get("read_topic_vs_iter_columns"), "{:.2f}"),
+         f">= {GOAL_READ_VS_ITER_COLUMNS}: {mark('read_topic_vs_iter_columns')}"),
+        ("Spark count s: topic / Parquet",
+         f"{fmt(out.get('spark_count_s'), '{:.2f}')} / "
+         f"{fmt(out.get('spark_parquet_count_s'), '{:.2f}')} "
+         f"({fmt(out.get('spark_count_vs_parquet'), '{:.1f}')}x)",
+         f"<= {GOAL_SPARK_VS_PARQUET}x: {mark('spark_count_vs_parquet')}"),
+        ("Spark groupBy s: topic / Parquet",
+         f"{fmt(out.get('spark_groupby_s'), '{:.2f}')} / "
+         f"{fmt(out.get('spark_parquet_groupby_s'), '{:.2f}')} "
+         f"({fmt(out.get('spark_groupby_vs_parquet'), '{:.1f}')}x)",
+         f"<= {GOAL_SPARK_VS_PARQUET}x: {mark('spark_groupby_vs_parquet')}"),
+    ]
+    for what, value, goal in rows:
+        say(f"{what:<36}{value:>26}   {goal}")
+    for key in sorted(k for k in out if k.endswith("_error")):
+        say(f"{key}: {out[key]}")
+    say(f"whole run {out['elapsed_s']}s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
