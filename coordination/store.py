@@ -331,6 +331,13 @@ class ZkStore:
         self._create_once(L.consumer_id_path(group, consumer_id), registration.to_bytes(),
                           f"consumer {consumer_id!r}", ephemeral=True)
 
+    def consumer_groups(self) -> list[str]:
+        """The groups under /consumers (the seed's registry and ZooKeeper-stored offsets)."""
+        try:
+            return sorted(self._children(L.CONSUMERS_PATH, None))
+        except NodeMissingError:
+            return []
+
     def consumer_ids(self, group: str, *, watch: Watch = None) -> list[str]:
         try:
             return sorted(self._children(L.consumer_ids_path(group), watch))

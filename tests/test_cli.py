@@ -155,7 +155,8 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
 def test_consume_with_a_group_commits_and_groups_describe_shows_no_lag(daemon):
     """`consume --group` reads from the group's committed offsets and commits what it
     printed: a second run prints nothing new; `groups list` names the group and
-    `groups describe` shows each partition's committed offset at the log end (lag 0)."""
+    `groups describe` shows each partition's committed offset at the log end (lag 0), and
+    an unknown group in one line."""
     assert cli(daemon, "topics", "create", "cli-grp", "--partitions", "2",
                "--replication-factor", "1").returncode == 0
     out = cli(daemon, "produce", "cli-grp", stdin=("\n".join(f"v{i}" for i in range(20))
@@ -174,8 +175,11 @@ def test_consume_with_a_group_commits_and_groups_describe_shows_no_lag(daemon):
     assert out.returncode == 0, out.stderr.decode()
     rows = [ln.split() for ln in out.stdout.decode().splitlines()
             if ln.startswith("cli-grp")]
-    assert len(rows) == 2 and all(r[4] == "0" for r in rows), out.stdout.decode()
+    assert len(rows) == 2 and all(r[4] == "0" and r[5] == "kafka" for r in rows), \
+        out.stdout.decode()
     assert sum(int(r[2]) for r in rows) == 20
+    assert_one_line_error(cli(daemon, "groups", "describe", "no-such-group"), 1,
+                          "GroupIdNotFoundError", "no-such-group")
 
 
 def test_reassign_moves_a_partition_and_status_counts_partitions_at_risk(daemon, tmp_path):

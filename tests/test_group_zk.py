@@ -146,6 +146,28 @@ def test_dual_commit_writes_both_and_reads_the_larger(cluster, zk):
         consumer(cluster, "zk-bad", offsets_storage="s3")
 
 
+def test_describe_and_list_show_zookeeper_stored_offsets(cluster, zk):
+    """Admin.list_groups names a group whose offsets live only in ZooKeeper, and
+    describe_group shows them (kafka None, zookeeper set, committed the larger of the two,
+    lag from the log end); a dual-commit group shows both stores."""
+    c = consumer(cluster, "zk-desc", offsets_storage="zookeeper", enable_auto_commit=False)
+    try:
+        c.subscribe(["ev"])
+        read_all(c, 40)
+        c.commit({("ev", p): 4 for p in range(4)})
+    finally:
+        c.close()
+    admin = cluster.admin()
+    assert "zk-desc" in admin.list_groups()
+    desc = admin.describe_group("zk-desc")
+    assert desc["zookeeper_error"] is None and desc["members"] == {}
+    assert desc["offsets"] == {("ev", p): {"committed": 4, "kafka": None, "zookeeper": 4,
+                                           "log_end": 10, "lag": 6} for p in range(4)}
+    zk.set("/consumers/zk-dual/offsets/ev/1", b"9")
+    both = admin.describe_group("zk-dual")["offsets"][("ev", 1)]
+    assert (both["zookeeper"], both["committed"]) == (9, max(9, both["kafka"]))
+
+
 def owners(zk, group, topic="ev", partitions=range(4)) -> dict:
     out = {}
     for p in partitions:

@@ -284,7 +284,9 @@ class Admin:
 
     # -- consumer groups ---------------------------------------------------------------------------
     def list_groups(self) -> list[str]:
-        """Every group a coordinator knows (with members, or with committed offsets)."""
+        """Every group a coordinator knows (with members, or with committed offsets), and
+        every group under ZooKeeper's /consumers (offsets_storage="zookeeper", the seed's
+        registry) when ZooKeeper can be read."""
         from ..protocol import group_coordinator_actor_name
         refs = []
         for bid in self.cluster.broker_ids():
@@ -300,33 +302,62 @@ class Admin:
                 names.update(ray.get(ref, timeout=self.timeout_s))
             except Exception:  # noqa: BLE001 - a dead coordinator's groups moved elsewhere
                 continue
+        zk_groups, _ = self._zk_groups(None)
+        names.update(zk_groups)
         return sorted(names)
+
+    def _zk_groups(self, groups) -> tuple[dict, str | None]:
+        """``({group: {(topic, partition): offset}}, None)`` from ZooKeeper's /consumers, or
+        ``({}, why)`` when the cluster has no ZooKeeper address or it cannot be read."""
+        zk_hosts = getattr(self.cluster, "zk_hosts", None)
+        if not zk_hosts:
+            return {}, "the cluster has no ZooKeeper address"
+        from ..errors import ZooKeeperUnavailableError
+        from .zk_consumer import read_groups
+        try:
+            return read_groups(zk_hosts, groups, timeout_s=min(self.timeout_s, 10.0)), None
+        except ZooKeeperUnavailableError as exc:
+            return {}, str(exc)
 
     def describe_group(self, group: str) -> dict:
         """``{"state", "generation", "protocol", "leader", "members": {member id:
-        [(topic, partition)]}, "offsets": {(topic, partition): {"committed", "log_end",
-        "lag"}}}``; GroupIdNotFoundError for a group nobody knows."""
+        [(topic, partition)]}, "offsets": {(topic, partition): {"committed", "kafka",
+        "zookeeper", "log_end", "lag"}}, "zookeeper_error"}``.
+
+        ``kafka`` is the offset the coordinator holds (``__consumer_offsets``),
+        ``zookeeper`` the one in ``/consumers/<group>/offsets`` (offsets_storage=
+        "zookeeper", dual_commit), None where a store has none; ``committed`` is the larger,
+        what a dual_commit consumer resumes from. ``zookeeper_error`` says why ZooKeeper
+        was not read (None when it was). A group known only to ZooKeeper has state "Empty"
+        and no members. GroupIdNotFoundError for a group nobody knows."""
         from ..errors import GroupIdNotFoundError
         from .group import GroupMember
         member = GroupMember(self.cluster.metadata, group)
         desc = self._retry_group(lambda: member._call("describe_group", group))
+        zk, zk_error = self._zk_groups([group])
+        in_zk = zk.get(group, {})
         if desc["state"] == "Dead":
-            raise GroupIdNotFoundError(f"no group {group!r}")
+            if not in_zk:
+                raise GroupIdNotFoundError(f"no group {group!r}")
+            desc = {**desc, "state": "Empty"}
         consumer = self.cluster.simple_consumer()
         offsets = {}
-        for (topic, partition), committed in sorted(desc["offsets"].items()):
+        for tp in sorted(set(desc["offsets"]) | set(in_zk)):
+            topic, partition = tp
+            kafka, zookeeper = desc["offsets"].get(tp), in_zk.get(tp)
+            committed = max(o for o in (kafka, zookeeper) if o is not None)
             try:
                 end = consumer.offsets_before(topic, partition, -1)[0]
             except KafkaError:
                 end = None
-            offsets[(topic, partition)] = {
-                "committed": committed, "log_end": end,
-                "lag": None if end is None else max(end - committed, 0)}
+            offsets[tp] = {
+                "committed": committed, "kafka": kafka, "zookeeper": zookeeper,
+                "log_end": end, "lag": None if end is None else max(end - committed, 0)}
         return {"group": group, "state": desc["state"], "generation": desc["generation"],
                 "protocol": desc["protocol"], "leader": desc["leader"],
                 "members": {mid: sorted(tuple(tp) for tp in (m["assignment"] or []))
                             for mid, m in desc["members"].items()},
-                "offsets": offsets}
+                "offsets": offsets, "zookeeper_error": zk_error}
 
     def delete_group_offsets(self, group: str, partitions=None) -> int:
         """Delete the group's committed offsets (all, or ``partitions``) with tombstones;

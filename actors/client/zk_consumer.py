@@ -56,6 +56,39 @@ def owner_id(consumer_id: str, thread: int) -> str:
     return f"{consumer_id}-{int(thread)}"
 
 
+def open_store(zk_hosts: str, session_timeout_s: float, what: str):
+    """A new kazoo session on ``zk_hosts`` and a ZkStore on it: ``(client, store)``;
+    ZooKeeperUnavailableError (naming ``what``) when no session can be had."""
+    from coordination.errors import CoordinationError
+    from coordination.retry import RetryPolicy
+    from coordination.session import ZkSettings, connect
+    from coordination.store import ZkStore
+    settings = ZkSettings(hosts=zk_hosts, session_timeout_s=session_timeout_s,
+                          connect_timeout_s=15.0, op_timeout_s=10.0)
+    try:
+        client = connect(settings)
+    except CoordinationError as exc:
+        raise ZooKeeperUnavailableError(f"{what}: no ZooKeeper session at {zk_hosts}: "
+                                        f"{exc}") from exc
+    return client, ZkStore(client, retry=RetryPolicy(deadline_s=10.0))
+
+
+def read_groups(zk_hosts: str, groups=None, timeout_s: float = 10.0) -> dict:
+    """What ZooKeeper holds of consumer groups, read on a short session of its own:
+    ``{group: {(topic, partition): offset}}`` for ``groups`` (default: every group under
+    /consumers; a group there with no offsets maps to {}). ZooKeeperUnavailableError when
+    ZooKeeper cannot be read."""
+    from coordination.errors import CoordinationError
+    client, store = open_store(zk_hosts, timeout_s, "reading /consumers")
+    try:
+        names = store.consumer_groups() if groups is None else list(groups)
+        return {g: store.consumer_offsets(g) for g in names}
+    except CoordinationError as exc:
+        raise ZooKeeperUnavailableError(f"reading /consumers in ZooKeeper: {exc}") from exc
+    finally:
+        client.close()
+
+
 class ConsumerZk:
     """See the module docstring."""
 
@@ -92,18 +125,8 @@ class ConsumerZk:
                 raise ZooKeeperUnavailableError("the consumer's ZooKeeper session is closed")
             if self._store is not None:
                 return self._store
-            from coordination.errors import CoordinationError
-            from coordination.retry import RetryPolicy
-            from coordination.session import ZkSettings, connect
-            from coordination.store import ZkStore
-            settings = ZkSettings(hosts=self.zk_hosts, session_timeout_s=self.session_timeout_s,
-                                  connect_timeout_s=15.0, op_timeout_s=10.0)
-            try:
-                client = connect(settings)
-            except CoordinationError as exc:
-                raise ZooKeeperUnavailableError(
-                    f"consumer {self.consumer_id}: no ZooKeeper session at "
-                    f"{self.zk_hosts}: {exc}") from exc
+            client, store = open_store(self.zk_hosts, self.session_timeout_s,
+                                       f"consumer {self.consumer_id}")
             client.add_listener(self._on_state)
             with self._lock:
                 if self._closed:          # closed while connecting
@@ -111,7 +134,7 @@ class ConsumerZk:
                     raise ZooKeeperUnavailableError("the consumer's ZooKeeper session is "
                                                     "closed")
                 self._client = client
-                self._store = ZkStore(client, retry=RetryPolicy(deadline_s=10.0))
+                self._store = store
             return self._store
 
     def _on_state(self, _state) -> None:

@@ -560,14 +560,18 @@ def cmd_groups(args) -> int:
     owner = {tp: mid for mid, tps in desc["members"].items() for tp in tps}
     print(f"GROUP {desc['group']}  state {desc['state']}  generation {desc['generation']}  "
           f"assignor {desc['protocol'] or '-'}  members {len(desc['members'])}")
-    rows = [("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID")]
+    rows = [("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "STORED-IN",
+             "CONSUMER-ID")]
     for tp in sorted(set(desc["offsets"]) | set(owner)):
         o = desc["offsets"].get(tp, {})
+        stores = [name for name in ("kafka", "zookeeper") if o.get(name) is not None]
         rows.append((tp[0], str(tp[1]), _dash(o.get("committed")), _dash(o.get("log_end")),
-                     _dash(o.get("lag")), owner.get(tp, "-")))
+                     _dash(o.get("lag")), "+".join(stores) or "-", owner.get(tp, "-")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if desc.get("zookeeper_error"):
+        _err(f"note: offsets stored in ZooKeeper not shown: {desc['zookeeper_error']}")
     return 0
 
 
