@@ -34,10 +34,19 @@ def loopback() -> None:
 
 
 def for_ray_we_start() -> None:
-    """The environment of a Ray this process starts (inherited by all of its processes)."""
+    """The environment of a Ray this process starts (inherited by all of its processes).
+
+    This interpreter's bin directory goes first on PATH: Ray's job agent starts a submitted
+    job's ``python ...`` entrypoint through PATH, and without it a cluster started as
+    ``.venv/bin/raykafka start`` (the venv not activated) would run jobs with the system's
+    python, which has neither Ray nor raykafka."""
     loopback()
     for name, value in WORKER_ENV.items():
         os.environ.setdefault(name, value)
+    bin_dir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if bin_dir and path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
 
 
 def at_import() -> None:

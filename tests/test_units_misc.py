@@ -153,3 +153,18 @@ def test_ray_messages_go_to_stderr_once_redirected(capsys):
         assert "raylet says hi" not in out and "raylet says hi" in err
     finally:
         worker.print_to_stdstream = original
+
+
+def test_a_ray_we_start_finds_this_interpreter_first_on_path(monkeypatch):
+    """for_ray_we_start puts this interpreter's bin dir first on PATH (once), so that `ray
+    job submit -- python ...` on a cluster started as .venv/bin/raykafka runs this venv's
+    python, not the system's."""
+    import os
+    import sys
+
+    from actors import _rayenv
+    bin_dir = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    _rayenv.for_ray_we_start()
+    _rayenv.for_ray_we_start()
+    assert os.environ["PATH"] == os.pathsep.join([bin_dir, "/usr/bin", "/bin"])
