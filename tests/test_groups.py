@@ -5,6 +5,7 @@ commits, committed offsets surviving the coordinator's broker, and session expir
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -114,6 +115,152 @@ def test_committed_offsets_survive_the_coordinators_broker(cluster):
         assert got == {("ev", p): 100 + p for p in range(6)}
     finally:
         cluster.start_broker(broker_id)
+
+
+def test_no_committed_offset_goes_backwards_while_the_coordinators_broker_dies(cluster):
+    """Committed offsets never go backwards across a coordinator failover: while a member
+    commits ever larger offsets every few ms and the coordinator's broker is killed, an
+    observer (Consumer.committed, OffsetFetch) sees each partition's offset only grow, the
+    new coordinator holds at least the last commit acknowledged before the kill, and the
+    member's commits resume there (client retries, then a rejoin: the new coordinator
+    knows the offsets, not the membership)."""
+    from actors.errors import IllegalGenerationError, KafkaError, RebalanceInProgressError
+    group = "monotonic"
+    tps = [("ev", p) for p in range(6)]
+    m = member(cluster, group=group)
+    m.join(["ev"])
+    assert sorted(m.assignment) == tps
+    stop = threading.Event()
+    acked: list[tuple[float, int]] = []          # (monotonic time acknowledged, offset)
+    commit_errors: list[str] = []
+    seen: list[tuple[float, tuple, int]] = []    # (monotonic time asked, tp, committed)
+    read_errors: list[str] = []
+
+    def commit_loop():
+        offset = 1
+        while not stop.is_set():
+            try:
+                m.commit({tp: offset for tp in tps})
+                acked.append((time.monotonic(), offset))
+            except (UnknownMemberIdError, IllegalGenerationError,
+                    RebalanceInProgressError) as exc:
+                # the new coordinator does not know the group: join it again
+                commit_errors.append(type(exc).__name__)
+                try:
+                    m.join(["ev"], timeout_s=30)
+                except KafkaError as join_exc:
+                    commit_errors.append(f"join: {type(join_exc).__name__}")
+            except Exception as exc:  # noqa: BLE001 - the coordinator moving: retried
+                commit_errors.append(type(exc).__name__)
+            offset += 1
+            stop.wait(0.003)
+
+    observer = cluster.consumer(group_id=group, zookeeper_registry=False)
+
+    def observe_loop():
+        while not stop.is_set():
+            for tp in tps:
+                asked = time.monotonic()
+                try:
+                    got = observer.committed(tp)
+                except Exception as exc:  # noqa: BLE001 - no coordinator for a moment
+                    read_errors.append(type(exc).__name__)
+                    continue
+                if got is not None:
+                    seen.append((asked, tp, got))
+
+    def coordinator_id(ask: int) -> int:
+        return ray.get(cluster.broker(ask).find_coordinator.remote(group),
+                       timeout=30)["broker_id"]
+
+    broker_id = coordinator_id(cluster.broker_ids()[0])
+    survivor = next(b for b in cluster.broker_ids() if b != broker_id)
+    threads = [threading.Thread(target=commit_loop, daemon=True),
+               threading.Thread(target=observe_loop, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(acked) >= 20 and len(seen) >= 20, timeout_s=60,
+                   what="commits acknowledged and observed before the kill")
+        cluster.kill_broker(broker_id)     # returns when the coordinator actor is gone
+        killed_at = time.monotonic()
+        last_acked_before = max(off for at, off in acked if at <= killed_at)
+        # commits resume: acknowledged after the kill, by the new coordinator
+        wait_until(lambda: sum(1 for at, _ in acked if at > killed_at) >= 20,
+                   timeout_s=90, interval_s=0.1, what="commits acknowledged after the kill")
+        wait_until(lambda: {tp for at, tp, _ in seen if at > killed_at} == set(tps),
+                   timeout_s=60, what="every partition observed after the kill")
+        new_coordinator = coordinator_id(survivor)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        observer.close()
+        cluster.start_broker(broker_id)
+    assert new_coordinator != broker_id
+    # (1) per partition, in the order observed, the committed offset never decreases
+    for tp in tps:
+        offsets = [off for _, t, off in seen if t == tp]
+        backwards = [(a, b) for a, b in zip(offsets, offsets[1:]) if b < a]
+        assert not backwards, f"{tp}: committed offset went backwards: {backwards[:5]}"
+    # (2) what the new coordinator answers includes every commit acknowledged before
+    after = [(tp, off) for at, tp, off in seen if at > killed_at]
+    assert min(off for _, off in after) >= last_acked_before, (last_acked_before, after[:6])
+    # (3) commits resumed past it, and the group's offsets hold the last one acknowledged
+    resumed = [off for at, off in acked if at > killed_at]
+    assert resumed and min(resumed) > last_acked_before
+    final = wait_until(lambda: m.committed() or None, timeout_s=60, what="the final offsets")
+    assert sorted(final) == tps and min(final.values()) >= acked[-1][1], (final, acked[-1])
+    first_s = min(at for at, off in acked if at > killed_at) - killed_at
+    print(f"\ncoordinator {broker_id} -> {new_coordinator}; {len(acked)} commits acknowledged "
+          f"({len(resumed)} after the kill, the first {first_s:.2f}s after it), "
+          f"{len(seen)} offsets observed; errors: commit "
+          f"{sorted(set(commit_errors))}, read {sorted(set(read_errors))}")
+    m.leave()
+
+
+def _count(records):
+    return len(records)
+
+
+def test_consumer_group_commit_interval_commits_on_revoke_and_on_stop(cluster):
+    """consumer_group(commit_interval_ms=...): a member commits what it processed at most
+    every interval, and also before it gives a partition up and when it stops: with an
+    interval longer than the test, the member joining later starts each partition it
+    takes at the offset where the first member stopped (nothing processed twice), and
+    after stop() the group's committed offsets are the log end."""
+    cluster.admin().create_topic("intervals", partitions=4, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        producer.send_batch("intervals", [b"%d" % i for i in range(400)]).wait(timeout=60)
+    conf = dict(commit_interval_ms=600_000, session_timeout_ms=SESSION_MS,
+                heartbeat_interval_ms=300, auto_offset_reset="earliest")
+    group = cluster.consumer_group("intervals", ["intervals"], 1, _count, **conf)
+    try:
+        group.wait_for(lambda s: s["processed"] >= 400, timeout_s=60)
+        (first,) = group.stats()["members"].values()
+        assert first["commits"] == 0          # the interval has not passed
+        group.scale(2)
+        stats = group.wait_for(lambda s: len(s["members"]) == 2 and all(
+            m["state"] == "running" and m["assignment"] for m in s["members"].values()),
+            timeout_s=60)
+        moved = [tp for m in stats["members"].values() if m["name"] != first["name"]
+                 for tp in m["assignment"]]
+        assert moved
+        reader = cluster.consumer(group_id="intervals", zookeeper_registry=False)
+        try:
+            ends = {p: e for p, e in enumerate(
+                cluster.simple_consumer().offsets_before("intervals", p, -1)[0]
+                for p in range(4))}
+            # committed on revoke: the new owner starts where the first member stopped
+            assert {tp: reader.committed(tp) for tp in moved} == \
+                {tp: ends[tp[1]] for tp in moved}
+            final = group.stop()
+            assert final["processed"] == 400, final     # nothing processed twice
+            assert {p: reader.committed(("intervals", p)) for p in range(4)} == ends
+        finally:
+            reader.close()
+    finally:
+        group.stop()
 
 
 def test_a_member_that_stops_heartbeating_loses_its_partitions(cluster):

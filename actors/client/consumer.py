@@ -48,6 +48,10 @@ consumer is not polled or iterated directly.
 
 from __future__ import annotations
 
+import bisect
+import gc
+import itertools
+import operator
 import re
 import time
 from dataclasses import dataclass
@@ -67,6 +71,8 @@ from .simple_consumer import fetch_remote
 
 ray = raycompat.ray
 log = logging.getLogger(__name__)
+_TOPIC_PARTITION = operator.itemgetter(0, 1)      # a Record's (topic, partition)
+_OFFSET = operator.attrgetter("offset")
 
 DEFAULTS = {
     "group_id": None,
@@ -87,6 +93,11 @@ DEFAULTS = {
     "fetch_max_bytes": 1 << 20,
     "fetch_max_wait_ms": 500,         # the leader holds a fetch up to this long (long poll)
     "fetch_min_bytes": 1,             # ... until this many bytes are readable
+    # how often poll re-reads the topics for the subscription (a topic created later that
+    # matches, a subscribed topic appearing or going): Kafka's metadata.max.age.ms, whose
+    # default is 5 minutes; 1 s here. Re-reading at every poll asked every broker each time
+    # (the member actors' poll spent 60% of its time there)
+    "metadata_max_age_ms": 1000,
     "consumer_timeout_ms": float("inf"),
     "request_timeout_ms": 30000,
     "retries": 2147483647,            # bounded by default_api_timeout_ms, as Kafka's
@@ -127,6 +138,8 @@ class Consumer:
                 f"{self.config['auto_offset_reset']!r}")
         positive_int(self.config, "fetch_max_wait_ms")
         positive_int(self.config, "fetch_min_bytes")
+        self._metadata_max_age_s = positive_int(self.config, "metadata_max_age_ms") / 1000
+        self._subscription_read_at: float | None = None     # None: re-read at next poll
         if self.config["offsets_storage"] not in ("kafka", "zookeeper"):
             raise InvalidConfigurationError(
                 f"offsets_storage must be 'kafka' or 'zookeeper', got "
@@ -243,6 +256,7 @@ class Consumer:
         self._subscription = set(topics)
         self._pattern = re.compile(pattern) if pattern is not None else None
         self._listener = listener
+        self._subscription_read_at = None
         if self._group is not None:
             self._group_topics = None
             self._rejoin.set()
@@ -260,6 +274,7 @@ class Consumer:
     def _refresh_subscription(self) -> None:
         if not self._subscribed():
             return
+        self._subscription_read_at = time.monotonic()
         if self._group is not None:
             if self._matching_topics() != self._group_topics:
                 self._rejoin.set()        # a new matching topic: the group assigns it
@@ -523,7 +538,9 @@ class Consumer:
         returned: the streams count what they hand out."""
         self._check_open()
         self._last_poll = time.monotonic()
-        if self._subscribed():
+        if self._subscribed() and (
+                self._subscription_read_at is None or
+                time.monotonic() - self._subscription_read_at >= self._metadata_max_age_s):
             self._refresh_subscription()
         self._ensure_group()
         if (self._group is not None and self.config["enable_auto_commit"]
@@ -542,12 +559,22 @@ class Consumer:
                 # every partition in backoff, nothing assigned, or a leader that answers
                 # at once (no long poll): do not spin
                 time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
-        taken, self._buffer = self._buffer[:limit], self._buffer[limit:]
+        if len(self._buffer) <= limit:
+            taken, self._buffer = self._buffer, []
+        else:     # cut in place: a memmove, not a copy of the rest with a refcount each
+            taken = self._buffer[:limit]
+            del self._buffer[:limit]
         out: dict = {}
-        for rec in taken:
-            out.setdefault((rec.topic, rec.partition), []).append(rec)
+        # the buffer holds runs of one partition's records in offset order (one per fetch
+        # answer): grouped run by run, not record by record
+        for tp, run in itertools.groupby(taken, key=_TOPIC_PARTITION):
+            records = out.get(tp)
+            if records is None:
+                out[tp] = records = list(run)
+            else:
+                records.extend(run)
             if track:
-                self._returned[(rec.topic, rec.partition)] = rec.offset + 1
+                self._returned[tp] = records[-1].offset + 1
         self._last_poll = time.monotonic()
         return out
 
@@ -621,15 +648,33 @@ class Consumer:
         self._backoffs.pop(tp, None)
         if self._positions.get(tp) != fetch.offset:
             return                             # sought elsewhere meanwhile
-        recs = [r for r in decode_records(result.data) if r.offset >= fetch.offset]
+        recs = decode_records(result.data)
+        # the first batch may start before the offset asked for (offsets increase)
+        first = bisect.bisect_left(recs, fetch.offset, key=_OFFSET)
+        if first:
+            recs = recs[first:]
         if not recs:
             return
         kd, vd = self.config["key_deserializer"], self.config["value_deserializer"]
-        for r in recs:
-            self._buffer.append(Record(
-                tp[0], tp[1], r.offset, r.timestamp, r.timestamp_type,
-                kd(r.key) if kd and r.key is not None else r.key,
-                vd(r.value) if vd and r.value is not None else r.value, r.headers))
+        if kd is None and vd is None:
+            # Record = (topic, partition) + the decoded record's fields, built in C (a
+            # Python call per record cost the member actors' poll a sixth of its time),
+            # with the cyclic GC paused as decode_records does: its passes over thousands
+            # of new tuples (which cannot form cycles) took two thirds of the building
+            paused = gc.isenabled()
+            gc.disable()
+            try:
+                self._buffer.extend(map(tuple.__new__, itertools.repeat(Record),
+                                        map((tp[0], tp[1]).__add__, recs)))
+            finally:
+                if paused:
+                    gc.enable()
+        else:
+            for r in recs:
+                self._buffer.append(Record(
+                    tp[0], tp[1], r.offset, r.timestamp, r.timestamp_type,
+                    kd(r.key) if kd and r.key is not None else r.key,
+                    vd(r.value) if vd and r.value is not None else r.value, r.headers))
         self._positions[tp] = recs[-1].offset + 1
 
     def _failed(self, tp, exc: BaseException) -> None:
@@ -637,6 +682,7 @@ class Consumer:
         and refresh the metadata, or raise the typed error when the policy gives up."""
         if (isinstance(exc, UnknownTopicOrPartitionError) and not self._retry.retriable(exc)
                 and self._subscribed()):
+            self._subscription_read_at = None
             return   # a subscribed topic went away: the next poll's refresh drops it
         now = time.monotonic()
         backoff = self._backoffs.get(tp) or _Backoff(started_s=now)

@@ -13,14 +13,18 @@ off, in a loop:
 1. ``poll`` (which joins, rejoins and heartbeats as the group protocol says);
 2. ``process_fn(records)`` once per partition, with that partition's records of the poll,
    in offset order;
-3. commit the next offset of every partition processed in step 2.
+3. commit the next offset of every partition processed in step 2: after every poll by
+   default, or with ``commit_interval_ms=N`` (a keyword of ``consumer_group``) at most every
+   N ms, what was processed since the last commit; either way also before a partition is
+   revoked (the rebalance listener) and when the member stops.
 
-So every record is processed at least once. A record is processed twice only when its
-member dies (or is fenced by a rebalance) between steps 2 and 3: at most one poll's worth
-of records per moved partition (``max_poll_records``). A commit refused because the group
-moved on (IllegalGeneration / RebalanceInProgress / UnknownMemberId) is counted in
-``commit_failures`` and the loop goes on: the next poll rejoins, and the partition's new
-owner starts from the last committed offset.
+So every record is processed at least once (only processed offsets are ever committed). A
+record is processed twice only when its member dies (or is fenced by a rebalance) between
+steps 2 and 3: at most one poll's worth of records per moved partition
+(``max_poll_records``), or with ``commit_interval_ms`` what was processed in that interval.
+A commit refused because the group moved on (IllegalGeneration / RebalanceInProgress /
+UnknownMemberId) is counted in ``commit_failures`` and the loop goes on: the next poll
+rejoins, and the partition's new owner starts from the last committed offset.
 
 ``process_fn`` runs in the member's process; it must be picklable (Ray ships it). If it
 raises, the member stops consuming (state "failed", the error in ``stats()``), leaves the
@@ -49,7 +53,8 @@ class ConsumerGroupMember:
     Ray actor by ConsumerGroup; usable in-process too (tests)."""
 
     def __init__(self, namespace: str, group_id: str, topics: list[str], pattern: str | None,
-                 process_fn: Callable, consumer_config: dict, name: str):
+                 process_fn: Callable, consumer_config: dict, name: str,
+                 commit_interval_ms: int = 0):
         self.namespace = namespace
         self.group_id = group_id
         self.topics = list(topics)
@@ -66,6 +71,10 @@ class ConsumerGroupMember:
         #: the rebalance listener's calls, oldest first: ("revoked" | "assigned", [tp])
         self.rebalances: list[tuple[str, list]] = []
         self.last_commit: dict[tuple[str, int], int] = {}
+        self.commit_interval_s = commit_interval_ms / 1000
+        #: processed, not committed yet: {tp: next offset} (the loop's thread only)
+        self._pending: dict[tuple[str, int], int] = {}
+        self._last_commit_at = time.monotonic()
         self._consumer = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -108,11 +117,16 @@ class ConsumerGroupMember:
         return True
 
     # -- rebalance listener (poll's thread) --------------------------------------------------
-    # Everything processed is committed before the next poll, so there is nothing to commit
-    # here: the listener records the rebalances for stats().
+    # What was processed of a partition and not committed yet (commit_interval_ms) is
+    # committed before the partition goes; the listener also records the rebalances for
+    # stats().
     def on_partitions_revoked(self, partitions) -> None:
+        tps = [tuple(tp) for tp in partitions]
+        going = {tp: self._pending.pop(tp) for tp in tps if tp in self._pending}
+        if going and self._consumer is not None:
+            self._commit(self._consumer, going)
         with self._lock:
-            self.rebalances.append(("revoked", sorted(tuple(tp) for tp in partitions)))
+            self.rebalances.append(("revoked", sorted(tps)))
 
     def on_partitions_assigned(self, partitions) -> None:
         with self._lock:
@@ -121,26 +135,35 @@ class ConsumerGroupMember:
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         consumer = self._consumer
+        pending = self._pending
+        process_fn = self.process_fn
         self.state = RUNNING
         try:
             while not self._stop.is_set():
                 polled = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
-                if not polled:
-                    continue
-                done: dict[tuple[str, int], int] = {}
-                for tp in sorted(polled):
-                    records = polled[tp]
-                    self.process_fn(records)
-                    done[tp] = records[-1].offset + 1
+                if polled:
+                    processed = 0
+                    for tp in sorted(polled):
+                        records = polled[tp]
+                        process_fn(records)
+                        pending[tp] = records[-1].offset + 1
+                        processed += len(records)
                     with self._lock:
-                        self.processed += len(records)
-                        self.batches += 1
-                self._commit(consumer, done)
+                        self.processed += processed
+                        self.batches += len(polled)
+                if pending and time.monotonic() - self._last_commit_at >= \
+                        self.commit_interval_s:
+                    self._commit_pending(consumer)
         except Exception as exc:  # noqa: BLE001 - the user's function or the consumer failed
             with self._lock:
                 self.state = FAILED
                 self.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         finally:
+            try:
+                # what was processed (never the batch that failed) is committed
+                self._commit_pending(consumer)
+            except Exception:  # noqa: BLE001 - the consumer itself may be what failed
+                pass
             try:
                 consumer.close()        # auto-commit is off: only leaves the group
             except Exception:  # noqa: BLE001 - leaving is best effort; the session ends it
@@ -149,6 +172,16 @@ class ConsumerGroupMember:
                 if self.state != FAILED:
                     self.state = STOPPED
             self._done.set()
+
+    def _commit_pending(self, consumer) -> None:
+        self._last_commit_at = time.monotonic()
+        if not self._pending:
+            return
+        offsets = {tp: off for tp, off in self._pending.items()
+                   if tp in consumer.assignment()}
+        self._pending.clear()
+        if offsets:
+            self._commit(consumer, offsets)
 
     def _commit(self, consumer, offsets: dict) -> None:
         try:
@@ -169,7 +202,8 @@ class ConsumerGroup:
 
     def __init__(self, cluster, group_id: str, topics=(), num_members: int = 1,
                  process_fn: Callable | None = None, *, pattern: str | None = None,
-                 consumer_config: dict | None = None, actor_options: dict | None = None):
+                 consumer_config: dict | None = None, actor_options: dict | None = None,
+                 commit_interval_ms: int = 0):
         if not isinstance(group_id, str) or not group_id:
             raise InvalidConfigurationError(f"group_id must be a non-empty string, got "
                                             f"{group_id!r}")
@@ -186,6 +220,13 @@ class ConsumerGroup:
                                             f"{process_fn!r}")
         _check_members(num_members)
         consumer_config = dict(consumer_config or {})
+        # not a Consumer setting: how often the members commit (0: after every poll);
+        # taken from consumer_config too, where cluster.consumer_group's keywords land
+        commit_interval_ms = consumer_config.pop("commit_interval_ms", commit_interval_ms)
+        if (not isinstance(commit_interval_ms, (int, float)) or
+                isinstance(commit_interval_ms, bool) or commit_interval_ms < 0):
+            raise InvalidConfigurationError(f"commit_interval_ms must be a number >= 0, got "
+                                            f"{commit_interval_ms!r}")
         for key in ("group_id", "enable_auto_commit"):
             if key in consumer_config:
                 raise InvalidConfigurationError(
@@ -200,6 +241,7 @@ class ConsumerGroup:
         self.pattern = pattern
         self.process_fn = process_fn
         self.consumer_config = consumer_config
+        self.commit_interval_ms = commit_interval_ms
         self.actor_options = {"num_cpus": 0, "max_concurrency": 4,
                               **(actor_options or {})}
         self._members: list[tuple[str, object]] = []     # (name, handle), oldest first
@@ -224,7 +266,7 @@ class ConsumerGroup:
                 name=f"consumer-group-{name}", namespace=self.cluster.namespace,
                 **self.actor_options).remote(
                 self.cluster.namespace, self.group_id, self.topics, self.pattern,
-                self.process_fn, self.consumer_config, name)
+                self.process_fn, self.consumer_config, name, self.commit_interval_ms)
             starting.append((name, handle))
         if starting:
             try:
