@@ -219,10 +219,6 @@ def test_no_committed_offset_goes_backwards_while_the_coordinators_broker_dies(c
     m.leave()
 
 
-def _count(records):
-    return len(records)
-
-
 def test_consumer_group_commit_interval_commits_on_revoke_and_on_stop(cluster):
     """consumer_group(commit_interval_ms=...): a member commits what it processed at most
     every interval, and also before it gives a partition up and when it stops: with an
@@ -234,7 +230,10 @@ def test_consumer_group_commit_interval_commits_on_revoke_and_on_stop(cluster):
         producer.send_batch("intervals", [b"%d" % i for i in range(400)]).wait(timeout=60)
     conf = dict(commit_interval_ms=600_000, session_timeout_ms=SESSION_MS,
                 heartbeat_interval_ms=300, auto_offset_reset="earliest")
-    group = cluster.consumer_group("intervals", ["intervals"], 1, _count, **conf)
+
+    def count(records):           # local: shipped by value to the member actors
+        return len(records)
+    group = cluster.consumer_group("intervals", ["intervals"], 1, count, **conf)
     try:
         group.wait_for(lambda s: s["processed"] >= 400, timeout_s=60)
         (first,) = group.stats()["members"].values()
