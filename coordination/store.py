@@ -13,17 +13,24 @@ from the client).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from coordination import zk_layout as L
 from coordination.errors import (ControllerMovedError, CoordinationError, NodeAlreadyExistsError,
-                                 NodeMissingError, VersionConflictError)
+                                 NodeMissingError, VersionConflictError, ZkDataError)
 from coordination.retry import DEFAULT_RETRY, RetryPolicy
 from coordination.session import ZkClient
 
 Watch = Callable[[object], None] | None
+
+
+class ConsumerOffsetStat(NamedTuple):
+    """A ZooKeeper-stored consumer offset with what its znode stat says of it."""
+    offset: int | None  # None when the body is not a decimal integer
+    mtime_ms: int      # the server's time of the last write (the last commit), ms
+    version: int       # the znode's data version (a conditional delete checks it)
 
 
 class ZkStore:
@@ -396,6 +403,94 @@ class ZkStore:
                 if offset is not None:
                     out[(topic, int(name))] = offset
         return out
+
+    def consumer_offset_stats(self, group: str) -> dict[tuple[str, int], ConsumerOffsetStat]:
+        """Every /consumers/<g>/offsets/<t>/<p> of the group with its znode stat:
+        {(topic, partition): ConsumerOffsetStat(offset, mtime_ms, version)} (what offset
+        expiry reads: ``mtime_ms`` is the server's time of the last commit; ``version`` makes
+        a later delete conditional on no commit having landed since)."""
+        out: dict[tuple[str, int], ConsumerOffsetStat] = {}
+        for topic in self._consumer_offset_topics(group):
+            try:
+                partitions = self._children(L.consumer_offsets_path(group, topic), None)
+            except NodeMissingError:
+                continue
+            for name in partitions:
+                if not name.isdigit():
+                    continue
+                path = L.consumer_offset_path(group, topic, int(name))
+                try:
+                    data, stat = self.retry.run(lambda p=path: self.zk.get(p))
+                except NoNodeError:
+                    continue                     # deleted between the listing and the read
+                try:
+                    offset = L.decode_int(path, data)
+                except ZkDataError:
+                    offset = None                # still listed: it can expire or be deleted
+                out[(topic, int(name))] = ConsumerOffsetStat(offset, stat.mtime, stat.version)
+        return out
+
+    def delete_consumer_offset(self, group: str, topic: str, partition: int, *,
+                               version: int = -1) -> bool:
+        """Delete /consumers/<g>/offsets/<t>/<p>; with ``version`` only if the node still
+        has that zk version (no commit since it was read). True if this call deleted it;
+        False if it was not there or has changed."""
+        path = L.consumer_offset_path(group, topic, partition)
+        attempts = 0
+
+        def attempt() -> bool:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self.zk.delete(path, version=version)
+                return True
+            except NoNodeError:
+                # an ambiguous first attempt (connection loss) may have deleted it
+                return attempts > 1 and version < 0
+            except BadVersionError:
+                return False
+        return self.retry.run(attempt)
+
+    def delete_consumer_offsets(self, group: str, partitions: Iterable[tuple[str, int]] |
+                                None = None) -> list[tuple[str, int]]:
+        """Delete the group's offset nodes (all of them, or ``partitions``) and then the
+        topic nodes left empty; returns the (topic, partition)s that were there, sorted."""
+        stored = self.consumer_offset_stats(group)
+        wanted = sorted(stored) if partitions is None else sorted(
+            {(t, int(p)) for t, p in partitions} & set(stored))
+        for topic, partition in wanted:
+            self.delete_consumer_offset(group, topic, partition)
+        self.remove_empty_consumer_offset_topics(group, {t for t, _ in wanted})
+        return wanted
+
+    def remove_empty_consumer_offset_topics(self, group: str,
+                                            topics: Iterable[str] | None = None) -> None:
+        """Delete /consumers/<g>/offsets/<t> of ``topics`` (default: every topic) that hold
+        no offset node; a topic node that gained a child meanwhile stays."""
+        names = self._consumer_offset_topics(group) if topics is None else sorted(topics)
+        for topic in names:
+            path = L.consumer_offsets_path(group, topic)
+            try:
+                self.retry.run(lambda p=path: self.zk.delete(p))
+            except (NoNodeError, NotEmptyError):
+                pass
+
+    def has_live_consumer_ids(self, group: str) -> bool:
+        """True while /consumers/<g>/ids has an ephemeral child, i.e. a consumer whose
+        ZooKeeper session is alive is registered in the group (a persistent leftover does
+        not count)."""
+        for consumer_id in self.consumer_ids(group):
+            path = L.consumer_id_path(group, consumer_id)
+            stat = self.retry.run(lambda p=path: self.zk.exists(p))
+            if stat is not None and stat.ephemeralOwner != 0:
+                return True
+        return False
+
+    def _consumer_offset_topics(self, group: str) -> list[str]:
+        try:
+            return sorted(self._children(f"{L.consumer_group_path(group)}/offsets", None))
+        except NodeMissingError:
+            return []
 
     def put_consumer_registration(self, group: str, consumer_id: str,
                                   registration: L.ConsumerRegistration) -> None:

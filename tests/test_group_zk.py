@@ -1,18 +1,22 @@
 """Consumer groups and ZooKeeper (seed 000 5.6, seed 001 2.6-2.10) against a real cluster
 (ZooKeeper, local Ray, RF=3 __consumer_offsets), one for the whole module:
 offsets_storage="zookeeper", dual_commit, and the seed's registry of consumer ids and
-partition owners, read back with a plain kazoo client."""
+partition owners, read back with a plain kazoo client; deleting and expiring
+ZooKeeper-stored offsets (issue 9, test 5)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import pytest
 
 from actors import Cluster
 from actors.client.group import GroupMember
 from actors.client.zk_consumer import ConsumerZk, new_consumer_id
-from actors.errors import IllegalGenerationError, InvalidConfigurationError
+from actors.errors import (IllegalGenerationError, InvalidConfigurationError,
+                           NonEmptyGroupError, ZooKeeperUnavailableError)
 from cluster_helpers import FAST_CONFIG, ray, unique_namespace, wait_until, zk_client, zk_json
 from cluster_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
 
@@ -291,3 +295,161 @@ def test_a_killed_members_nodes_expire_and_its_partitions_change_owner(cluster, 
         stop.set()
         poller.join(timeout=30)
         survivor.close()
+
+
+# -- deleting and expiring ZooKeeper-stored offsets (issue 9, test 5) ---------------------------
+
+def zk_offsets(zk, group, topic="ev") -> dict:
+    """{partition: offset} of /consumers/<group>/offsets/<topic> as ZooKeeper holds it."""
+    path = f"/consumers/{group}/offsets/{topic}"
+    if not zk.exists(path):
+        return {}
+    return {int(p): int(zk.get(f"{path}/{p}")[0]) for p in zk.get_children(path)}
+
+
+def zk_member(cluster, group, store, **kw) -> GroupMember:
+    return GroupMember(cluster.metadata, group, session_timeout_ms=SESSION_MS,
+                       rebalance_timeout_ms=10_000, zk=store, **kw)
+
+
+def commit_and_leave(cluster, group, offsets, **kw) -> None:
+    """A member of ``group`` (own ZooKeeper session) joins, commits ``offsets``, leaves."""
+    store = ConsumerZk(cluster.zk_hosts, group, new_consumer_id(group))
+    try:
+        m = zk_member(cluster, group, store, **kw)
+        m.join(["ev"])
+        m.commit(offsets)
+        m.leave()
+    finally:
+        store.close()
+
+
+def test_delete_group_offsets_deletes_zookeeper_stored_and_dual_committed_offsets(cluster, zk):
+    """Admin.delete_group_offsets deletes ZooKeeper-stored offsets and both copies of
+    dual-committed ones, a subset and then all, counting each (topic, partition) once;
+    the emptied topic znodes go."""
+    admin = cluster.admin()
+    four = {("ev", p): 3 for p in range(4)}
+    commit_and_leave(cluster, "zk-del", four, offsets_storage="zookeeper")
+    commit_and_leave(cluster, "zk-del-dual", four, dual_commit=True)
+    zk.create("/consumers/zk-del-dual/offsets/legacy/0", b"11", makepath=True)  # ZooKeeper only
+    assert zk_offsets(zk, "zk-del") == zk_offsets(zk, "zk-del-dual") == {p: 3 for p in range(4)}
+
+    assert admin.delete_group_offsets("zk-del", [("ev", 0), ("ev", 1), ("ev", 9)]) == 2
+    assert zk_offsets(zk, "zk-del") == {2: 3, 3: 3}
+    assert admin.delete_group_offsets("zk-del-dual", [("ev", 0)]) == 1     # in both stores
+    assert zk_offsets(zk, "zk-del-dual") == {1: 3, 2: 3, 3: 3}
+    assert kafka_committed(cluster, "zk-del-dual") == {("ev", p): 3 for p in (1, 2, 3)}
+
+    assert admin.delete_group_offsets("zk-del") == 2
+    assert admin.delete_group_offsets("zk-del-dual") == 4       # ev 1-3 in both, legacy 0
+    assert kafka_committed(cluster, "zk-del-dual") == {}
+    for group in ("zk-del", "zk-del-dual"):
+        assert zk.get_children(f"/consumers/{group}/offsets") == []
+    assert admin.delete_group_offsets("zk-del") == 0
+
+
+def test_delete_group_offsets_is_refused_while_a_member_or_a_zookeeper_registration_lives(
+        cluster, zk):
+    """Admin.delete_group_offsets raises NonEmptyGroupError and deletes nothing while the
+    group has a member at the coordinator, or only a live ephemeral /consumers/<g>/ids
+    registration; once both are gone it deletes the ZooKeeper-stored offsets."""
+    admin, group = cluster.admin(), "zk-del-live"
+    store = ConsumerZk(cluster.zk_hosts, group, new_consumer_id(group))
+    try:
+        m = zk_member(cluster, group, store, offsets_storage="zookeeper")
+        m.join(["ev"])
+        m.commit({("ev", p): 5 for p in range(4)})
+        assert not zk.exists(f"/consumers/{group}/ids/{store.consumer_id}")
+        with pytest.raises(NonEmptyGroupError):
+            admin.delete_group_offsets(group)
+        m.leave()
+        store.register({"ev": 1})                   # the seed's registry, no coordinator member
+        assert store.wait_synced()
+        assert zk.exists(f"/consumers/{group}/ids/{store.consumer_id}").ephemeralOwner != 0
+        with pytest.raises(NonEmptyGroupError, match="ZooKeeper"):
+            admin.delete_group_offsets(group, [("ev", 0)])
+        assert zk_offsets(zk, group) == {p: 5 for p in range(4)}
+    finally:
+        store.close()
+    assert zk.get_children(f"/consumers/{group}/ids") == []
+    assert admin.delete_group_offsets(group) == 4
+    assert zk_offsets(zk, group) == {}
+
+
+def test_zookeeper_stored_offsets_of_a_memberless_group_expire_and_live_groups_keep_theirs():
+    """offsets.retention.minutes covers ZooKeeper: the offset znodes of a group with no
+    member and no live registration are deleted once their mtime is older than the
+    retention (a dual-committed group loses both copies), while a group with a member at
+    the coordinator, or with a live /consumers/<g>/ids registration, keeps its older ones."""
+    config = {**CONFIG, "offsets.retention.minutes": 0.02,            # 1.2 s
+              "offsets.retention.check.interval.ms": 300, "offsets.topic.replication.factor": 1}
+    c = Cluster.start(num_brokers=1, namespace=unique_namespace("zkexp"), config=config)
+    zk = zk_client(c)
+    stores = []
+
+    def new_store(group):
+        stores.append(ConsumerZk(c.zk_hosts, group, new_consumer_id(group)))
+        return stores[-1]
+    stop = threading.Event()
+    try:
+        c.admin().create_topic("ev", partitions=2, replication_factor=1)
+        # the groups that keep their offsets commit first: were they expired, they would go
+        # in the same pass as (or before) the memberless groups' younger offsets
+        member = zk_member(c, "zk-keeps-member", new_store("zk-keeps-member"),
+                           offsets_storage="zookeeper")
+        member.join(["ev"])
+        member.commit({("ev", 0): 9})
+
+        def beat():
+            while not stop.wait(0.3):
+                member.heartbeat()
+        beater = threading.Thread(target=beat, daemon=True)
+        beater.start()
+        registered = new_store("zk-keeps-registered")
+        registered.register({"ev": 1})
+        registered.commit_offsets({("ev", 0): 8})
+        assert registered.wait_synced()
+
+        commit_and_leave(c, "zk-expires", {("ev", 0): 7, ("ev", 1): 6},
+                         offsets_storage="zookeeper")
+        commit_and_leave(c, "zk-expires-dual", {("ev", 1): 5}, dual_commit=True)
+        assert zk_offsets(zk, "zk-expires") == {0: 7, 1: 6}
+        assert zk_offsets(zk, "zk-expires-dual") == {1: 5}
+        wait_until(lambda: zk_offsets(zk, "zk-expires") == {}
+                   and zk_offsets(zk, "zk-expires-dual") == {}
+                   and kafka_committed(c, "zk-expires-dual") == {},
+                   timeout_s=30, what="the memberless groups' ZooKeeper offsets expired")
+        assert not zk.exists("/consumers/zk-expires/offsets/ev")
+        now_ms = time.time() * 1000
+        for group, want in (("zk-keeps-member", {0: 9}), ("zk-keeps-registered", {0: 8})):
+            assert zk_offsets(zk, group) == want
+            assert now_ms - zk.exists(f"/consumers/{group}/offsets/ev/0").mtime > 1200
+        assert member.committed() == {("ev", 0): 9}
+    finally:
+        stop.set()
+        for store in stores:
+            store.close()
+        zk.stop()
+        zk.close()
+        c.shutdown()
+
+
+def test_the_coordinator_survives_zookeeper_being_unreachable(monkeypatch):
+    """Without ZooKeeper the coordinator's ZooKeeper expiry pass logs and counts a failure
+    (retried at the next check) instead of raising, and delete_group_offsets answers
+    ZooKeeperUnavailableError before deleting anything."""
+    from actors.server import group_coordinator as gc
+    monkeypatch.setattr(gc, "ZK_CONNECT_TIMEOUT_S", 0.5)
+    coord = gc.GroupCoordinator(0, {"namespace": unique_namespace("nozk"),
+                                    "zk_hosts": "127.0.0.1:1/raykafka-nozk",
+                                    "config": {"offsets.retention.minutes": 0.001}})
+    coord.num_partitions, coord.partitions = 1, {0: "loaded"}
+
+    async def run():
+        await coord._zk_expiry_pass()
+        await coord._zk_expiry_pass()
+        with pytest.raises(ZooKeeperUnavailableError):
+            await coord.delete_group_offsets("g")
+    asyncio.run(run())
+    assert coord.zk_expiry_failures == 2 and coord.zk_offsets_expired == 0

@@ -360,8 +360,13 @@ class Admin:
                 "offsets": offsets, "zookeeper_error": zk_error}
 
     def delete_group_offsets(self, group: str, partitions=None) -> int:
-        """Delete the group's committed offsets (all, or ``partitions``) with tombstones;
-        NonEmptyGroupError while it has members. Returns how many were deleted."""
+        """Delete the group's committed offsets (all, or ``partitions``) from both stores:
+        tombstones in ``__consumer_offsets`` and the ZooKeeper nodes
+        ``/consumers/<group>/offsets/<t>/<p>`` (offsets_storage="zookeeper", dual_commit;
+        topic nodes left empty go too). NonEmptyGroupError while the group has members: at
+        the coordinator, or consumers registered live under ``/consumers/<group>/ids``.
+        ZooKeeperUnavailableError when ZooKeeper cannot be reached. Returns how many
+        (topic, partition)s were deleted, each counted once even if both stores held it."""
         from .group import GroupMember
         member = GroupMember(self.cluster.metadata, group)
         tps = None if partitions is None else [list(tp) for tp in partitions]

@@ -18,7 +18,14 @@ GroupCoordinator + GroupMetadataManager).
   only then applied to the cache: an acknowledged commit is replicated. OffsetFetch answers
   from the cache.
 - Every ``offsets.retention.check.interval.ms`` the offsets of Empty groups older than
-  ``offsets.retention.minutes`` are deleted with tombstones.
+  ``offsets.retention.minutes`` are deleted with tombstones. Offsets stored in ZooKeeper
+  (``offsets_storage="zookeeper"``, ``dual_commit``: ``/consumers/<g>/offsets/<t>/<p>``)
+  expire by the same rule, judged by the znode's mtime, for the groups this coordinator
+  serves (so each group by one broker) that have no member here and no live
+  ``/consumers/<g>/ids`` registration; ``delete_group_offsets`` deletes both stores.
+  ZooKeeper is used on a session of this actor's own, opened on first use, and only from
+  worker threads (``asyncio.to_thread``): the event loop never waits on ZooKeeper, and a
+  ZooKeeper outage only postpones the ZooKeeper part of expiry to the next check.
 
 Requests for a group whose partition is not led here answer NotCoordinatorError.
 """
@@ -27,13 +34,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
+from coordination import zk_layout
+from coordination.errors import CoordinationError
+from coordination.retry import RetryPolicy
+from coordination.session import ZkSettings, connect
+from coordination.store import ZkStore
 from storage.records import build, decode_records
 
 from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableError,
                       IllegalArgumentError, KafkaError, NonEmptyGroupError,
-                      NotCoordinatorError, NotLeaderForPartitionError)
+                      NotCoordinatorError, NotLeaderForPartitionError,
+                      ZooKeeperUnavailableError)
 from ..protocol import replica_actor_name, unwrap
 from .group_logic import GroupLogic, GroupState
 from .group_offsets import OFFSETS_TOPIC, OffsetCache, decode_key, offsets_partition
@@ -45,6 +59,9 @@ OFFSETS_RETENTION_MINUTES = 7 * 24 * 60
 OFFSETS_RETENTION_CHECK_MS = 600_000
 COMMIT_TIMEOUT_MS = 5_000
 LOAD_READ_BYTES = 4 << 20
+#: The coordinator's ZooKeeper session: how long one operation may take, retries included.
+ZK_OP_DEADLINE_S = 5.0
+ZK_CONNECT_TIMEOUT_S = 10.0
 
 
 def _ms() -> float:
@@ -78,6 +95,15 @@ class GroupCoordinator:
         self._stamps: dict[int, tuple] = {}             # partition -> newest notice applied
         self._wake: asyncio.Event | None = None
         self._timer: asyncio.Task | None = None
+        # ZooKeeper-stored offsets: a session of our own, opened on first use (worker thread)
+        self._zk_hosts = conf.get("zk_hosts")
+        self._zk_session_s = float(conf.get("zk_session_timeout_s", 6.0))
+        self._zk_lock = threading.Lock()
+        self._zk_client = None
+        self._zk_store: ZkStore | None = None
+        self._zk_expiry: asyncio.Task | None = None
+        self.zk_expiry_failures = 0
+        self.zk_offsets_expired = 0
 
     async def ready(self) -> bool:
         self._ensure_timer()
@@ -236,18 +262,143 @@ class GroupCoordinator:
         return {tp: (c.offset, c.metadata) for tp, c in self.cache.fetch(group_id, tps).items()}
 
     async def delete_group_offsets(self, group_id: str, partitions: list | None = None) -> int:
-        """Tombstones for the group's offsets (all, or ``partitions``); only while the
-        group has no members (NonEmptyGroupError)."""
-        partition = self._owner(group_id)
-        desc = self.logic.describe(group_id)
-        if desc is not None and desc["members"]:
-            raise NonEmptyGroupError(f"group {group_id!r} has members: stop them first")
+        """Delete the group's committed offsets (all, or ``partitions``) from both stores:
+        tombstones in ``__consumer_offsets`` and the ``/consumers/<g>/offsets/<t>/<p>``
+        znodes (topic znodes left empty go too). Only while the group has no members
+        (NonEmptyGroupError): none here, and no live ``/consumers/<g>/ids`` registration
+        in ZooKeeper. Returns how many (topic, partition)s were deleted, each once even
+        when both stores held it. ZooKeeperUnavailableError when ZooKeeper cannot be
+        read or written (nothing is deleted when it cannot be read)."""
+        self._owner(group_id)
+        self._check_no_members(group_id)
         tps = None if partitions is None else [(t, int(p)) for t, p in partitions]
+        in_zk = self._zk_group_ok(group_id)
+        if in_zk:
+            if await self._zk(f"reading /consumers/{group_id}/ids",
+                              lambda s: s.has_live_consumer_ids(group_id)):
+                raise NonEmptyGroupError(
+                    f"group {group_id!r} has consumers registered in ZooKeeper "
+                    f"(/consumers/{group_id}/ids): stop them first")
+            self._check_no_members(group_id)     # a member may have joined meanwhile
+        partition = self._owner(group_id)
         keys = self.cache.delete_records(group_id, tps)
         if keys:
             await self._append(partition, keys, [None] * len(keys))
             self.cache.remove(group_id, tps)
-        return len(keys)
+        deleted = {decode_key(k)[1:] for k in keys}
+        if in_zk:
+            deleted.update(await self._zk(f"deleting /consumers/{group_id}/offsets",
+                                          lambda s: s.delete_consumer_offsets(group_id, tps)))
+        return len(deleted)
+
+    def _members(self, group_id: str) -> dict:
+        return (self.logic.describe(group_id) or {}).get("members") or {}
+
+    def _check_no_members(self, group_id: str) -> None:
+        if self._members(group_id):
+            raise NonEmptyGroupError(f"group {group_id!r} has members: stop them first")
+
+    # -- ZooKeeper (offsets_storage="zookeeper", dual_commit) ----------------------------------------
+    def _zk_group_ok(self, group_id: str) -> bool:
+        """Whether ZooKeeper can hold anything of ``group_id``: the cluster has a
+        ZooKeeper address and the group id is a valid znode name."""
+        if not self._zk_hosts:
+            return False
+        try:
+            zk_layout.consumer_group_path(group_id)
+        except ValueError:
+            return False
+        return True
+
+    def _zk_store_blocking(self) -> ZkStore:
+        """This actor's ZkStore, connecting on first use. Blocking: worker threads only."""
+        with self._zk_lock:
+            if self._zk_store is None:
+                settings = ZkSettings(hosts=self._zk_hosts, namespace=self.namespace,
+                                      session_timeout_s=self._zk_session_s,
+                                      connect_timeout_s=ZK_CONNECT_TIMEOUT_S,
+                                      op_timeout_s=ZK_OP_DEADLINE_S)
+                self._zk_client = connect(settings)
+                self._zk_store = ZkStore(self._zk_client,
+                                         retry=RetryPolicy(deadline_s=ZK_OP_DEADLINE_S))
+            return self._zk_store
+
+    async def _zk(self, what: str, fn):
+        """``fn(store)`` on a worker thread (the event loop keeps serving); a ZooKeeper
+        failure is raised as ZooKeeperUnavailableError naming ``what``."""
+        def run():
+            return fn(self._zk_store_blocking())
+        try:
+            return await asyncio.to_thread(run)
+        except CoordinationError as exc:
+            raise ZooKeeperUnavailableError(
+                f"coordinator {self.broker_id}: {what} in ZooKeeper: {exc}") from None
+
+    def _start_zk_expiry(self) -> None:
+        """One ZooKeeper expiry pass in the background (never two at once): it may wait
+        on ZooKeeper, and the timer must keep expiring sessions meanwhile."""
+        if not self._zk_hosts or (self._zk_expiry is not None and not self._zk_expiry.done()):
+            return
+        self._zk_expiry = asyncio.get_running_loop().create_task(self._zk_expiry_pass())
+
+    async def _zk_expiry_pass(self) -> None:
+        try:
+            expired = await self._expire_zk_offsets()
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper down or slow: the next check
+            self.zk_expiry_failures += 1
+            log.warning("coordinator %d: expiring ZooKeeper-stored offsets failed, tried again "
+                        "in %d ms: %r", self.broker_id, self.retention_check_ms, exc)
+            return
+        if expired:
+            self.zk_offsets_expired += expired
+            log.info("coordinator %d: expired %d ZooKeeper-stored offsets", self.broker_id,
+                     expired)
+
+    def _serves(self, group_id: str, num_partitions: int) -> bool:
+        return (self.num_partitions == num_partitions and self.partitions.get(
+            offsets_partition(group_id, num_partitions)) == "loaded")
+
+    async def _expire_zk_offsets(self) -> int:
+        """Delete the ``/consumers/<g>/offsets/<t>/<p>`` znodes not written for longer
+        than the retention, of the groups whose offsets partition this coordinator leads
+        (loaded) that have no member here and no live ``/consumers/<g>/ids``
+        registration. Each delete is conditional on the znode's version, so a commit that
+        lands meanwhile survives. Returns how many were deleted."""
+        num = self.num_partitions
+        if not num or not any(s == "loaded" for s in self.partitions.values()):
+            return 0
+        retention_ms = self.retention_ms
+        served = {p for p, s in self.partitions.items() if s == "loaded"}
+
+        def find(store: ZkStore) -> dict:
+            now = int(time.time() * 1000)
+            out = {}
+            for group in store.consumer_groups():
+                if offsets_partition(group, num) not in served:
+                    continue                      # another coordinator's group
+                stale = {tp: st.version for tp, st in store.consumer_offset_stats(group).items()
+                         if now - st.mtime_ms > retention_ms}
+                if stale and not store.has_live_consumer_ids(group):
+                    out[group] = stale
+            return out
+        found = await self._zk("finding expired offsets under /consumers", find)
+        # back on the loop: only groups still served here and still without members
+        found = {g: stale for g, stale in found.items()
+                 if self._serves(g, num) and not self._members(g)}
+        if not found:
+            return 0
+
+        def delete(store: ZkStore) -> int:
+            deleted = 0
+            for group, stale in sorted(found.items()):
+                if store.has_live_consumer_ids(group):
+                    continue                      # a consumer registered meanwhile
+                for (topic, partition), version in sorted(stale.items()):
+                    deleted += store.delete_consumer_offset(group, topic, partition,
+                                                            version=version)
+                store.remove_empty_consumer_offset_topics(group, {t for t, _ in stale})
+            return deleted
+        return await self._zk("deleting expired offsets under /consumers", delete)
 
     # -- reading ----------------------------------------------------------------------------------
     async def describe_group(self, group_id: str) -> dict:
@@ -270,7 +421,9 @@ class GroupCoordinator:
 
     async def status(self) -> dict:
         return {"broker_id": self.broker_id, "partitions": dict(self.partitions),
-                "groups": sorted(self.logic.groups)}
+                "groups": sorted(self.logic.groups),
+                "zk_offsets_expired": self.zk_offsets_expired,
+                "zk_expiry_failures": self.zk_expiry_failures}
 
     # -- the timer --------------------------------------------------------------------------------
     def _ensure_timer(self) -> None:
@@ -292,6 +445,7 @@ class GroupCoordinator:
                     await self._expire_offsets()
                 except Exception:  # noqa: BLE001 - tried again at the next check
                     log.exception("coordinator %d: offset expiry failed", self.broker_id)
+                self._start_zk_expiry()
             wait_s = 1.0 if delay is None else min(max(delay / 1000, 0.005), 1.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
