@@ -175,6 +175,11 @@ class NonEmptyGroupError(KafkaError):
     """The group has members: it cannot be deleted, nor its offsets deleted."""
 
 
+class InvalidCheckpointError(KafkaError):
+    """A streaming job's checkpoint directory cannot be used: a log file in it is damaged,
+    it was made for other topics, or another query is running on it."""
+
+
 __all__ = [
     "KafkaError", "RetriableError", "CorruptRecordError", "InvalidConfigurationError",
     "InvalidRecordError", "KafkaStorageError", "OffsetOutOfRangeError", "RecordTooLargeError",
@@ -193,4 +198,5 @@ __all__ = [
     "CoordinatorLoadInProgressError", "UnknownMemberIdError", "IllegalGenerationError",
     "RebalanceInProgressError", "InconsistentGroupProtocolError", "FencedInstanceIdError",
     "InvalidSessionTimeoutError", "GroupIdNotFoundError", "NonEmptyGroupError",
+    "InvalidCheckpointError",
 ]

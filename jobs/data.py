@@ -98,6 +98,7 @@ _NO_END_VALUES = ("earliest",)
 
 def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
                trigger: str = "once",
+               partitions: dict | None = None,
                max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK,
                fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                consumer_config: dict | None = None,
@@ -124,6 +125,8 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
     "latest"). An end past the high watermark is cut to it; an int start below the log
     start offset is raised to it (with a warning), as read_kafka does.
 
+    ``partitions``: ``{topic: [partition, ...]}`` reads only those partitions of the topics
+    it names (the others whole); default every partition.
     ``max_records_per_task``: a partition's range is split into read tasks of at most this
     many offsets. ``fetch_max_bytes``: bytes per fetch. ``consumer_config``: the
     SimpleConsumer's config (kafka-python names: ``request_timeout_ms``, ``retries``, ...).
@@ -146,6 +149,7 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
     consumer_config = dict(consumer_config or {})
     _validate_offset_arg(start_offset, "start_offset", names)
     _validate_offset_arg(end_offset, "end_offset", names)
+    _validate_partitions(partitions, names)
     if (_is_int(start_offset) and _is_int(end_offset) and start_offset > end_offset) or (
             isinstance(start_offset, datetime) and isinstance(end_offset, datetime)
             and _datetime_to_ms(start_offset) > _datetime_to_ms(end_offset)):
@@ -154,7 +158,7 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
 
     cluster = _as_cluster(cluster)
     ranges = resolve_ranges(cluster, names, start_offset, end_offset,
-                            consumer_config=consumer_config)
+                            consumer_config=consumer_config, partitions=partitions)
     source = TopicDatasource(cluster.namespace, ranges,
                              max_records_per_task=max_records_per_task,
                              fetch_max_bytes=fetch_max_bytes,
@@ -176,7 +180,8 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
 
 
 def resolve_ranges(cluster, topics: list[str], start_offset, end_offset, *,
-                   consumer_config: dict | None = None) -> list[tuple[str, int, int, int]]:
+                   consumer_config: dict | None = None, partitions: dict | None = None
+                   ) -> list[tuple[str, int, int, int]]:
     """``[(topic, partition, start, end)]``: the integer offsets ``read_topic`` reads,
     resolved now against the partition leaders (see ``read_topic`` for the rules)."""
     cluster = _as_cluster(cluster)
@@ -185,6 +190,15 @@ def resolve_ranges(cluster, topics: list[str], start_offset, end_offset, *,
         out = []
         for topic in topics:
             parts = cluster.metadata.partitions_for(topic)
+            if partitions is not None and topic in partitions:
+                wanted = sorted(set(int(p) for p in partitions[topic]))
+                missing = sorted(set(wanted) - set(parts))
+                if missing:
+                    raise UnknownTopicOrPartitionError(
+                        f"partitions names partition(s) {missing} of topic {topic!r}, which "
+                        f"has partitions 0..{len(parts) - 1}")
+            else:
+                wanted = parts
             for name, arg in (("start_offset", start_offset), ("end_offset", end_offset)):
                 if isinstance(arg, dict):
                     missing = sorted(set(arg.get(topic, {})) - set(parts))
@@ -192,7 +206,7 @@ def resolve_ranges(cluster, topics: list[str], start_offset, end_offset, *,
                         raise UnknownTopicOrPartitionError(
                             f"{name} names partition(s) {missing} of topic {topic!r}, which "
                             f"has partitions 0..{len(parts) - 1}")
-            for p in parts:
+            for p in wanted:
                 start = _for_partition(start_offset, topic, p, "earliest")
                 end = _for_partition(end_offset, topic, p, "latest")
                 out.append((topic, p) + _resolve(cluster, consumer, topic, p, start, end))
@@ -720,6 +734,25 @@ def _validate_offset_arg(arg, name: str, topics: list[str]) -> None:
                 raise IllegalArgumentError(f"{name}[{topic!r}] keys are partitions (ints "
                                            f">= 0), got {p!r}")
             _check_offset(value, f"{name}[{topic!r}][{p}]")
+
+
+def _validate_partitions(partitions, topics: list[str]) -> None:
+    if partitions is None:
+        return
+    if not isinstance(partitions, dict):
+        raise IllegalArgumentError(f"partitions must be {{topic: [partition, ...]}}, got "
+                                   f"{partitions!r}")
+    for topic, parts in partitions.items():
+        if topic not in topics:
+            raise IllegalArgumentError(f"partitions names topic {topic!r}, which is not read "
+                                       f"(topics: {topics})")
+        if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
+            raise IllegalArgumentError(f"partitions[{topic!r}] must be a list of partitions, "
+                                       f"got {parts!r}")
+        for p in parts:
+            if not _is_int(p) or p < 0:
+                raise IllegalArgumentError(f"partitions[{topic!r}] holds partitions (ints "
+                                           f">= 0), got {p!r}")
 
 
 def _for_partition(arg, topic: str, partition: int, default):

@@ -44,7 +44,6 @@ import os
 import sys
 import threading
 import time
-import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -97,6 +96,8 @@ STOP_TIMEOUT_S = 60.0
 _lock = threading.RLock()
 _session: SparkSession | None = None
 _session_args: dict | None = None
+#: id(DataFrame) -> (the DataFrame, the Ray objects it reads): see ``dataset_to_df``
+_held: dict[int, tuple[DataFrame, list]] = {}
 
 
 def spark_session(app_name: str = "raykafka", num_executors: int = 1, executor_cores: int = 1,
@@ -214,6 +215,7 @@ def stop_spark(timeout_s: float = STOP_TIMEOUT_S) -> None:
             raydp.stop_spark()
         finally:
             _session, _session_args = None, None
+            _held.clear()
         if not ray.is_initialized():
             return
         deadline = time.monotonic() + timeout_s
@@ -305,7 +307,7 @@ def read_topic_df(spark, cluster, topic_or_topics, starting_offsets="earliest",
     Offsets are resolved, and the records read into Ray's object store, when this is called
     (``read_topic``, executed): the DataFrame is a fixed snapshot of
     committed records (below each partition's high watermark), one Spark partition per Ray
-    block. RayDP's master actor keeps those blocks until the session stops.
+    block. This process holds those blocks until ``release_df(df)`` or ``stop_spark()``.
 
     Raises what ``read_topic`` raises (UnknownTopicOrPartitionError, IllegalArgumentError,
     OffsetOutOfRangeError, InvalidConfigurationError) and IllegalArgumentError for a
@@ -355,9 +357,12 @@ def dataset_to_df(spark: SparkSession, ds: "ray.data.Dataset", schema: pa.Schema
     pandas and back), 2 to 5 times slower here even on small topics, and its first
     use in a session waits for a Python worker to start and attach to Ray.
 
-    The IPC objects are owned by this driver and kept alive by RayDP's master actor
-    (``add_objects``, as RayDP keeps ``to_spark``'s blocks) until the session stops: a
-    DataFrame can be recomputed at any time.
+    The IPC objects are owned by this driver, which holds them (``_held``) until
+    ``release_df(df)`` or ``stop_spark()``: until then the DataFrame, and every DataFrame
+    derived from it, can be recomputed at any time. (RayDP's own ``to_spark`` hands them
+    to its master actor, ``add_objects``, which has no way to let go of them before the
+    session stops: a long-running job, such as a micro-batch stream, would keep every
+    batch it ever read in Ray's object store.)
     """
     from pyspark.sql.pandas.types import from_arrow_type
     from raydp.spark.dataset import _convert_by_rdd, get_locations
@@ -371,10 +376,28 @@ def dataset_to_df(spark: SparkSession, ds: "ray.data.Dataset", schema: pa.Schema
     if not pairs:
         return spark.createDataFrame([], struct)
     refs = [data for data, _ in pairs]
-    holder = ray.get_actor(spark.sparkContext.appName + SPARK_MASTER_SUFFIX)
-    ray.get(holder.add_objects.remote(uuid.uuid4(), refs))
     ray.get([rows for _, rows in pairs])        # a conversion's error is raised here
-    return _convert_by_rdd(spark, refs, get_locations(refs), struct)
+    df = _convert_by_rdd(spark, refs, get_locations(refs), struct)
+    with _lock:
+        _held[id(df)] = (df, refs)
+    return df
+
+
+def release_df(df: DataFrame) -> bool:
+    """Let go of the Ray objects behind ``df``, a DataFrame of ``read_topic_df`` (or
+    ``dataset_to_df``), so Ray's object store can free them. Afterwards ``df`` and every
+    DataFrame derived from it can no longer be computed, except from what Spark cached
+    (``df.cache()`` before the first action). True when ``df`` held objects; False when it
+    was released already or is not one of these (a DataFrame derived from it, say).
+    ``stop_spark()`` releases every one."""
+    with _lock:
+        return _held.pop(id(df), None) is not None
+
+
+def held_dfs() -> int:
+    """How many DataFrames of ``read_topic_df`` hold Ray objects in this process."""
+    with _lock:
+        return len(_held)
 
 
 @ray.remote(num_cpus=0, num_returns=2)

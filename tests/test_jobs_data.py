@@ -179,6 +179,23 @@ def test_compressed_batches_and_log_append_time_are_read(cluster):
     assert all(r["timestamp"] >= before for r in rows)
 
 
+def test_partitions_restricts_the_read_to_the_partitions_named(cluster):
+    """read_topic(partitions={topic: [p, ...]}) reads only those partitions of that topic,
+    with their offset ranges; an unknown partition is UnknownTopicOrPartitionError and a
+    malformed one IllegalArgumentError."""
+    got = offsets(read_all(read_topic(cluster, "plain", {"plain": {1: 3}}, {"plain": {1: 9}},
+                                      partitions={"plain": [1]})))
+    assert got == {1: list(range(3, 9))}
+    got = offsets(read_all(read_topic(cluster, ["plain", "empty"],
+                                      partitions={"plain": [0, 2]})))
+    assert got == {0: list(range(PER_PART)), 2: list(range(PER_PART))}
+    with pytest.raises(UnknownTopicOrPartitionError, match=r"partition\(s\) \[7\]"):
+        read_topic(cluster, "plain", partitions={"plain": [7]})
+    for bad in ({"other": [0]}, {"plain": 0}, {"plain": ["0"]}, {"plain": [-1]}, [0]):
+        with pytest.raises(IllegalArgumentError):
+            read_topic(cluster, "plain", partitions=bad)
+
+
 def test_read_topic_raises_typed_errors_for_bad_arguments(cluster):
     """Unknown topics or partitions, 'latest' as a start, a start after the end or past the
     high watermark, and bad options raise raykafka's typed errors on the driver."""
