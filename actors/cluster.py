@@ -314,8 +314,10 @@ class Cluster:
                        actor_options: dict | None = None, **consumer_config):
         """``num_members`` member actors of consumer group ``group_id``, each calling
         ``process_fn(records)`` on its partitions' records and committing after it
-        (at least once); ``.scale(n)``, ``.stats()``, ``.stop()``. See
-        actors/client/consumer_group.py."""
+        (at least once); ``.scale(n)``, ``.stats()``, ``.stop()``. Keywords besides the
+        Consumer's: ``commit_interval_ms`` (0: commit after every poll) and
+        ``batch_format`` ("records", "pyarrow": a Table per partition and poll, the fast
+        path, or "pandas"). See actors/client/consumer_group.py."""
         from .client.consumer_group import ConsumerGroup
         return ConsumerGroup(self, group_id, topics, num_members, process_fn,
                              pattern=pattern, consumer_config=consumer_config,

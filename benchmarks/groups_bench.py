@@ -11,9 +11,12 @@ values. In this order:
    of the topic, run before and after phase 2; the better run is the baseline.
 2. ``group_records_per_s``: the same N records through ``cluster.consumer_group`` with 3
    member actors (range), delivered to ``process_fn`` (one call per partition of each
-   poll, with that partition's Records), committing every 5 s (``commit_interval_ms``).
-   Timed from the first processed record to the last, as the members' ``stats()`` show
-   (sampled every 50 ms).
+   poll) as the baseline delivers them, Arrow columns (``batch_format="pyarrow"``: a
+   Table per partition and poll, ``Consumer.poll_columns``), committing every 5 s
+   (``commit_interval_ms``). Timed from the first processed record to the last, as the
+   members' ``stats()`` show (sampled every 50 ms). Then the same with a list of Python
+   Records per call (``batch_format="records"``, the default) as a second group:
+   ``group_records_format_records_per_s``.
 3. ``rebalance_eager_s`` / ``rebalance_cooperative_s``: a group of 3 members (range, then
    cooperative-sticky, each on a topic of its own) consumes while a producer writes one
    record to each partition every 20 ms; ``process_fn`` reports (partition, time) of each
@@ -109,9 +112,10 @@ def _cluster(brokers: int):
 
 
 # -- 1./2. throughput ----------------------------------------------------------------------------
-def deliver(records) -> int:
-    """The throughput phase's process_fn: the records reach user code; nothing else."""
-    return len(records)
+def deliver(batch) -> int:
+    """The throughput phase's process_fn: the records (a list, or a Table) reach user code;
+    nothing else."""
+    return len(batch)
 
 
 def fill(cluster, records: int, size: int) -> dict:
@@ -134,10 +138,12 @@ def nogroup(cluster, records: int, out: dict) -> dict:
     return {"nogroup_records_per_s": max(runs), "nogroup_runs_records_per_s": runs}
 
 
-def group_throughput(cluster, records: int, consumer_config: dict) -> dict:
+def group_throughput(cluster, records: int, consumer_config: dict,
+                     batch_format: str = "pyarrow", key: str = "group") -> dict:
     t0 = time.perf_counter()
-    group = cluster.consumer_group("bench-throughput", [TOPIC], MEMBERS, deliver,
-                                   commit_interval_ms=COMMIT_INTERVAL_MS,
+    group = cluster.consumer_group(f"bench-throughput-{batch_format}", [TOPIC], MEMBERS,
+                                   deliver, commit_interval_ms=COMMIT_INTERVAL_MS,
+                                   batch_format=batch_format,
                                    auto_offset_reset="earliest", **consumer_config)
     try:
         started = time.perf_counter() - t0
@@ -161,13 +167,14 @@ def group_throughput(cluster, records: int, consumer_config: dict) -> dict:
         rebalances = sum(len([r for r in m["rebalances"] if r[0] == "assigned"])
                          for m in members) - MEMBERS
         elapsed = last[0] - first[0]
-        return {"group_records_per_s": round((last[1] - first[1]) / elapsed),
-                "group_elapsed_s": round(elapsed, 3),
-                "group_first_record_after_s": round(first[0] - t0, 2),
-                "group_members_started_s": round(started, 2),
-                "group_commits": sum(m["commits"] for m in members),
-                "group_extra_rebalances": rebalances,
-                "group_processed_per_member": sorted(m["processed"] for m in members)}
+        return {f"{key}_records_per_s": round((last[1] - first[1]) / elapsed),
+                f"{key}_batch_format": batch_format,
+                f"{key}_elapsed_s": round(elapsed, 3),
+                f"{key}_first_record_after_s": round(first[0] - t0, 2),
+                f"{key}_members_started_s": round(started, 2),
+                f"{key}_commits": sum(m["commits"] for m in members),
+                f"{key}_extra_rebalances": rebalances,
+                f"{key}_processed_per_member": sorted(m["processed"] for m in members)}
     finally:
         group.stop()
 
@@ -433,6 +440,8 @@ def main() -> int:
         phase(out, "nogroup", nogroup, cluster, records, out)
         phase(out, "group", group_throughput, cluster, records, consumer_config)
         phase(out, "nogroup_again", nogroup, cluster, records, out)
+        phase(out, "group_records_format", group_throughput, cluster, records,
+              consumer_config, "records", "group_records_format")
         phase(out, "rebalance_eager", rebalance, cluster, "range", "eager", consumer_config,
               trials)
         phase(out, "rebalance_cooperative", rebalance, cluster, "cooperative-sticky",
@@ -448,6 +457,8 @@ def _goals(out: dict) -> None:
     failover_goal = out["session_timeout_ms"] / 1000 + GOAL_FAILOVER_SLACK_S
     out["group_vs_nogroup"] = ratio(group, base)
     out["group_vs_goal"] = ratio(group, GOAL_GROUP_RECORDS_PER_S)
+    out["group_records_format_vs_nogroup"] = ratio(
+        out.get("group_records_format_records_per_s"), base)
     out["cooperative_vs_eager"] = ratio(coop, eager)
     out["failover_goal_s"] = failover_goal
     out["failover_vs_goal"] = ratio(out.get("failover_s"), failover_goal)
@@ -475,11 +486,14 @@ def _table(out: dict) -> None:
     rows = [
         ("no-group records/s (perf consume)", fmt(out.get("nogroup_records_per_s")),
          "the baseline"),
-        ("group records/s (3 members)", fmt(out.get("group_records_per_s")),
+        ("group records/s (3 members, Arrow)", fmt(out.get("group_records_per_s")),
          f">= {GOAL_GROUP_RECORDS_PER_S:,}: {fmt(out.get('group_vs_goal'), '{:.2f}')}x, "
          f"{met('group_records_per_s')}"),
         ("group / no-group", fmt(out.get("group_vs_nogroup"), "{:.2f}"),
          f">= {GOAL_GROUP_VS_NOGROUP}: {met('group_vs_nogroup')}"),
+        ("  group, Records per call, records/s",
+         fmt(out.get("group_records_format_records_per_s")),
+         f"no goal; {fmt(out.get('group_records_format_vs_nogroup'), '{:.2f}')}x no-group"),
         ("rebalance pause, eager s", fmt(out.get("rebalance_eager_s"), "{:.2f}"),
          f"the baseline; partitions paused "
          f"{fmt(out.get('rebalance_eager_partitions_paused'), '{:.1f}')} of {PARTITIONS}, "

@@ -127,6 +127,33 @@ class _InFlight:
     expires_s: float
 
 
+class _BackgroundJoin:
+    """A cooperative rejoin (``GroupMember.join``) on a thread of its own; ``done`` is set
+    when it has an outcome, ``result()`` gives the assignment or raises its error."""
+
+    def __init__(self, group, topics, owned, streams, joining: threading.Event):
+        self.owned = list(owned)
+        self.done = threading.Event()
+        self._outcome = None
+        self._error: BaseException | None = None
+
+        def run():
+            try:
+                self._outcome = group.join(topics, owned=self.owned, streams=streams)
+            except BaseException as exc:  # noqa: BLE001 - raised in poll's thread
+                self._error = exc
+            finally:
+                joining.clear()
+                self.done.set()
+        threading.Thread(target=run, daemon=True,
+                         name=f"raykafka-join-{group.group_id}").start()
+
+    def result(self) -> list:
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+
 class Consumer:
     def __init__(self, cluster, *topics, **config):
         self.config = validate_config(config, DEFAULTS, "consumer")
@@ -154,7 +181,9 @@ class Consumer:
         self._positions: dict[tuple[str, int], int] = {}
         self._subscription: set[str] = set()
         self._pattern = None
-        self._buffer: list = []
+        self._buffer: list = []                  # Records (poll)
+        self._chunks: list = []                  # ((topic, partition), Table) (poll_columns)
+        self._columnar = False                   # which of the two fetches fill
         self._backoffs: dict[tuple[str, int], _Backoff] = {}
         self._inflight: dict[tuple[str, int], _InFlight] = {}
         self._closed = False
@@ -164,7 +193,8 @@ class Consumer:
         self._returned: dict[tuple[str, int], int] = {}     # next offset after what poll gave
         self._rejoin = threading.Event()
         self._left = threading.Event()
-        self._joining = threading.Event()        # poll's thread is in a join: no beats
+        self._joining = threading.Event()        # a join is under way: no beats
+        self._join: _BackgroundJoin | None = None   # a cooperative rejoin under way
         self._last_poll = time.monotonic()
         self._last_auto_commit = time.monotonic()
         self._heartbeat_thread: threading.Thread | None = None
@@ -285,7 +315,14 @@ class Consumer:
 
     # -- the group --------------------------------------------------------------------------------
     def _ensure_group(self) -> None:
-        """Join, or rejoin after a rebalance, before fetching (poll's thread)."""
+        """Join, or rejoin after a rebalance, before fetching (poll's thread).
+
+        A cooperative member that owns partitions rejoins in the background (KIP-429): the
+        JoinGroup/SyncGroup run on a thread of their own while poll goes on fetching and
+        returning the partitions it owns, and the outcome is applied at the first poll
+        after it arrives (revoking what moves, which rejoins once more, the same way).
+        Everything else (a first join, eager assignors, a member that left) joins here,
+        before fetching."""
         if self._group is None or not self._subscribed():
             return
         if self._heartbeat_thread is None:
@@ -294,11 +331,23 @@ class Consumer:
                 name=f"raykafka-heartbeat-{self.config['group_id']}")
             self._heartbeat_thread.start()
         rounds = 0
-        while self._rejoin.is_set() or self._left.is_set() or not self._group.member_id:
+        while True:
+            if self._join is not None:
+                if not self._join.done.is_set():
+                    return                   # still joining: keep fetching what we own
+                join, self._join = self._join, None
+                self._last_poll = time.monotonic()
+                self._joined(join.owned, join.result())
+                continue
+            if not (self._rejoin.is_set() or self._left.is_set()
+                    or not self._group.member_id):
+                return
             rounds += 1
             if rounds > 10:
                 raise IllegalStateError(f"group {self.config['group_id']!r} did not settle "
                                         f"in 10 rounds")
+            background = (not self._group.eager and bool(self._assigned)
+                          and bool(self._group.member_id) and not self._left.is_set())
             self._rejoin.clear()
             self._left.clear()
             owned = list(self._assigned)
@@ -309,25 +358,34 @@ class Consumer:
             if self._registry_on():          # the seed registers before it rebalances
                 self._zk.register(*self._registration())
             self._joining.set()
+            if background:
+                self._join = _BackgroundJoin(self._group, self._group_topics, owned,
+                                             self._join_streams(), self._joining)
+                continue
             try:
                 new = self._group.join(self._group_topics, owned=owned,
                                        streams=self._join_streams())
             finally:
                 self._joining.clear()
                 self._last_poll = time.monotonic()
-            lost = [tp for tp in owned if tp not in new]
-            if lost:                      # cooperative: give these up, then one more round
-                self._revoke(lost)
-                self._rejoin.set()
-            added = [tp for tp in new if tp not in self._assigned]
-            self._set_assignment(new)
-            if added:
-                committed = self._group.committed(added)
-                for tp in added:
-                    if tp in committed:
-                        self._positions[tp] = committed[tp]
-                if self._listener is not None:
-                    self._listener.on_partitions_assigned(list(added))
+            self._joined(owned, new)
+
+    def _joined(self, owned: list, new: list) -> None:
+        """Apply a join's outcome: ``owned`` what the member owned when it joined, ``new``
+        its assignment of the new generation."""
+        lost = [tp for tp in owned if tp not in new]
+        if lost:                          # cooperative: give these up, then one more round
+            self._revoke(lost)
+            self._rejoin.set()
+        added = [tp for tp in new if tp not in self._assigned]
+        self._set_assignment(new)
+        if added:
+            committed = self._group.committed(added)
+            for tp in added:
+                if tp in committed:
+                    self._positions[tp] = committed[tp]
+            if self._listener is not None:
+                self._listener.on_partitions_assigned(list(added))
 
     def _revoke(self, tps) -> None:
         """Give up ``tps``: commit what poll returned of them (auto-commit), tell the
@@ -383,6 +441,7 @@ class Consumer:
         self._returned = {tp: o for tp, o in self._returned.items() if tp in tps}
         self._inflight = {tp: f for tp, f in self._inflight.items() if tp in tps}
         self._buffer = [r for r in self._buffer if (r.topic, r.partition) in self._positions]
+        self._chunks = [c for c in self._chunks if c[0] in self._positions]
         self._paused &= set(self._assigned)
         self._assignment_changed()
 
@@ -465,6 +524,7 @@ class Consumer:
         self._positions[tp] = offset
         self._inflight.pop(tp, None)     # its answer would be for the old position
         self._buffer = [r for r in self._buffer if (r.topic, r.partition) != tp]
+        self._chunks = [c for c in self._chunks if c[0] != tp]
 
     def seek_to_beginning(self, *tps) -> None:
         for tp in tps or self._assigned:
@@ -532,11 +592,53 @@ class Consumer:
         self._no_streams("poll()")
         return self._poll(timeout_ms, max_records)
 
+    def poll_columns(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
+        """``poll``, with each partition's records as one ``pyarrow.Table`` instead of a
+        list of Records: ``{(topic, partition): Table}``, columns ``topic`` string,
+        ``partition`` int32, ``offset`` int64, ``timestamp`` int64 (ms),
+        ``timestamp_type`` int32 (0 CreateTime, 1 LogAppendTime), ``key`` and ``value``
+        binary (null for null), ``headers`` list<struct<key: string, value: binary>>, in
+        offset order. Fetched batches are decoded straight into columns (CRCs checked as
+        poll does), with no Python object per record: the fast way to hand records to
+        vectorised code. Positions, commits, rebalances and ``max_records`` work as with
+        ``poll``. key/value deserializers do not apply (the columns are the bytes), so a
+        consumer configured with one is refused (InvalidConfigurationError). Switching
+        between ``poll`` and ``poll_columns`` re-fetches what was fetched and not returned
+        yet; nothing is skipped."""
+        self._no_streams("poll_columns()")
+        for key in ("key_deserializer", "value_deserializer"):
+            if self.config[key] is not None:
+                raise InvalidConfigurationError(
+                    f"poll_columns gives the raw bytes of keys and values; this consumer has "
+                    f"a {key} (it applies to poll() only)")
+        return self._poll(timeout_ms, max_records, columnar=True)
+
+    def _use_format(self, columnar: bool) -> None:
+        """Fill Tables (``columnar``) or Records from now on. What is buffered in the other
+        form is dropped and its partitions re-positioned at its first offset, so the next
+        fetches read it again in the new form."""
+        if columnar == self._columnar:
+            return
+        self._columnar = columnar
+        first: dict = {}
+        for r in self._buffer:
+            first.setdefault((r.topic, r.partition), r.offset)
+        for tp, table in self._chunks:
+            first.setdefault(tp, table.column("offset")[0].as_py())
+        self._buffer, self._chunks = [], []
+        for tp, offset in first.items():
+            self._positions[tp] = offset
+            self._inflight.pop(tp, None)     # its answer would be for a later position
+
+    def _has_data(self) -> bool:
+        return bool(self._chunks) if self._columnar else bool(self._buffer)
+
     def _poll(self, timeout_ms: int = 0, max_records: int | None = None, *,
-              track: bool = True) -> dict:
+              track: bool = True, columnar: bool = False) -> dict:
         """poll; with ``track`` False (the stream feeder) what it returns does not count as
-        returned: the streams count what they hand out."""
+        returned: the streams count what they hand out. ``columnar``: poll_columns."""
         self._check_open()
+        self._use_format(columnar)
         self._last_poll = time.monotonic()
         if self._subscribed() and (
                 self._subscription_read_at is None or
@@ -550,15 +652,19 @@ class Consumer:
             self._last_auto_commit = time.monotonic()
         limit = max_records or self.config["max_poll_records"]
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
-        while not self._buffer:
+        while not self._has_data():
+            if self._join is not None and self._join.done.is_set():
+                self._ensure_group()         # the new assignment, without waiting out poll
             left_ms = int(max(deadline - time.monotonic(), 0) * 1000)
             self._fetch_round(min(left_ms, self.config["fetch_max_wait_ms"]), deadline)
-            if self._buffer or time.monotonic() >= deadline:
+            if self._has_data() or time.monotonic() >= deadline:
                 break
             if not self._inflight:
                 # every partition in backoff, nothing assigned, or a leader that answers
                 # at once (no long poll): do not spin
                 time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+        if columnar:
+            return self._take_columns(limit, track)
         if len(self._buffer) <= limit:
             taken, self._buffer = self._buffer, []
         else:     # cut in place: a memmove, not a copy of the rest with a refcount each
@@ -578,6 +684,30 @@ class Consumer:
         self._last_poll = time.monotonic()
         return out
 
+    def _take_columns(self, limit: int, track: bool) -> dict:
+        """poll_columns' answer: up to ``limit`` rows of the buffered Tables, a partition's
+        Tables concatenated in offset order; the rest of a Table cut at ``limit`` stays."""
+        import pyarrow as pa
+        parts: dict = {}
+        rows = 0
+        while self._chunks and rows < limit:
+            tp, table = self._chunks[0]
+            if rows + table.num_rows > limit:
+                keep = limit - rows
+                self._chunks[0] = (tp, table.slice(keep))
+                table = table.slice(0, keep)
+            else:
+                self._chunks.pop(0)
+            parts.setdefault(tp, []).append(table)
+            rows += table.num_rows
+        out = {tp: tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+               for tp, tables in parts.items()}
+        if track:
+            for tp, table in out.items():
+                self._returned[tp] = table.column("offset")[-1].as_py() + 1
+        self._last_poll = time.monotonic()
+        return out
+
     def _fetch_round(self, max_wait_ms: int, deadline_s: float) -> None:
         """Send a fetch (waiting up to ``max_wait_ms`` at the leader) to every assigned
         partition that has none in flight and is not in backoff; then take answers until
@@ -585,7 +715,7 @@ class Consumer:
         fetch sent in this round has answered (older ones, sent with a longer wait by an
         earlier poll, stay in flight)."""
         sent = self._send_fetches(max_wait_ms)
-        while self._inflight and not self._buffer:
+        while self._inflight and not self._has_data():
             now = time.monotonic()
             for tp, f in list(self._inflight.items()):
                 if now >= f.expires_s:
@@ -648,6 +778,12 @@ class Consumer:
         self._backoffs.pop(tp, None)
         if self._positions.get(tp) != fetch.offset:
             return                             # sought elsewhere meanwhile
+        if self._columnar:
+            table = _columns(tp, fetch.offset, result.data)
+            if table.num_rows:
+                self._chunks.append((tp, table))
+                self._positions[tp] = table.column("offset")[-1].as_py() + 1
+            return
         recs = decode_records(result.data)
         # the first batch may start before the offset asked for (offsets increase)
         first = bisect.bisect_left(recs, fetch.offset, key=_OFFSET)
@@ -775,6 +911,7 @@ class Consumer:
             finally:
                 self._closed = True
                 self._buffer = []
+                self._chunks = []
                 self._inflight = {}
                 if self._zk is not None:
                     self._zk.close()
@@ -789,3 +926,23 @@ class Consumer:
     def __exit__(self, *exc):
         self.close()
 
+
+
+def _columns(tp, offset: int, data):
+    """The records of a fetch answer at ``offset`` as poll_columns' Table (the first batch
+    may start before ``offset``: those rows are cut)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from storage.records import decode_columns
+    columns = decode_columns(data)
+    offsets = columns["offset"]
+    n = len(offsets)
+    first = int(np.searchsorted(offsets.to_numpy(), offset, side="left")) if n else 0
+    table = pa.table({
+        "topic": pa.repeat(pa.scalar(tp[0], pa.string()), n),
+        "partition": pa.repeat(pa.scalar(tp[1], pa.int32()), n),
+        "offset": offsets, "timestamp": columns["timestamp"],
+        "timestamp_type": columns["timestamp_type"], "key": columns["key"],
+        "value": columns["value"], "headers": columns["headers"]})
+    return table.slice(first) if first else table

@@ -11,8 +11,11 @@ with ``Cluster.connect(namespace)`` and runs one ``Consumer(group_id=...)`` with
 off, in a loop:
 
 1. ``poll`` (which joins, rejoins and heartbeats as the group protocol says);
-2. ``process_fn(records)`` once per partition, with that partition's records of the poll,
-   in offset order;
+2. ``process_fn(batch)`` once per partition, with that partition's records of the poll,
+   in offset order: a list of Records, or with ``batch_format="pyarrow"`` one
+   ``pyarrow.Table`` (``Consumer.poll_columns``: decoded straight into columns, no Python
+   object per record; the fast path) or with ``batch_format="pandas"`` that Table as a
+   ``pandas.DataFrame``;
 3. commit the next offset of every partition processed in step 2: after every poll by
    default, or with ``commit_interval_ms=N`` (a keyword of ``consumer_group``) at most every
    N ms, what was processed since the last commit; either way also before a partition is
@@ -39,10 +42,13 @@ import time
 import traceback
 from typing import Callable
 
-from ..errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
+from ..errors import (InvalidConfigurationError, KafkaError, KafkaTimeoutError,
+                      RebalanceInProgressError)
 
 #: How long one poll of a member waits for records before it checks for a stop.
 POLL_TIMEOUT_MS = 200
+#: What process_fn is given (the ``batch_format`` keyword, as Ray Data's map_batches names it).
+BATCH_FORMATS = ("records", "pyarrow", "pandas")
 #: States of a member, as ``stats()`` reports them.
 STARTING, RUNNING, STOPPED, FAILED = "starting", "running", "stopped", "failed"
 _names = itertools.count()
@@ -54,8 +60,9 @@ class ConsumerGroupMember:
 
     def __init__(self, namespace: str, group_id: str, topics: list[str], pattern: str | None,
                  process_fn: Callable, consumer_config: dict, name: str,
-                 commit_interval_ms: int = 0):
+                 commit_interval_ms: int = 0, batch_format: str = "records"):
         self.namespace = namespace
+        self.batch_format = batch_format
         self.group_id = group_id
         self.topics = list(topics)
         self.pattern = pattern
@@ -137,17 +144,29 @@ class ConsumerGroupMember:
         consumer = self._consumer
         pending = self._pending
         process_fn = self.process_fn
+        columnar = self.batch_format != "records"
+        pandas = self.batch_format == "pandas"
         self.state = RUNNING
         try:
             while not self._stop.is_set():
-                polled = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
+                if columnar:
+                    polled = consumer.poll_columns(timeout_ms=POLL_TIMEOUT_MS)
+                else:
+                    polled = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
                 if polled:
                     processed = 0
                     for tp in sorted(polled):
-                        records = polled[tp]
-                        process_fn(records)
-                        pending[tp] = records[-1].offset + 1
-                        processed += len(records)
+                        batch = polled[tp]
+                        if columnar:
+                            n = batch.num_rows
+                            following = batch.column("offset")[-1].as_py() + 1
+                            process_fn(batch.to_pandas() if pandas else batch)
+                        else:
+                            n = len(batch)
+                            following = batch[-1].offset + 1
+                            process_fn(batch)
+                        pending[tp] = following
+                        processed += n
                     with self._lock:
                         self.processed += processed
                         self.batches += len(polled)
@@ -180,20 +199,27 @@ class ConsumerGroupMember:
         offsets = {tp: off for tp, off in self._pending.items()
                    if tp in consumer.assignment()}
         self._pending.clear()
-        if offsets:
-            self._commit(consumer, offsets)
+        if offsets and isinstance(self._commit(consumer, offsets), RebalanceInProgressError):
+            # the group is completing a rebalance this member is part of: kept for the
+            # next try (or the revoke of the partition), unless a newer offset of the
+            # partition was processed meanwhile. (Fenced, the offsets are dropped: the
+            # partition may have a new owner whose commits must not be overwritten.)
+            for tp, offset in offsets.items():
+                self._pending.setdefault(tp, offset)
 
-    def _commit(self, consumer, offsets: dict) -> None:
+    def _commit(self, consumer, offsets: dict) -> KafkaError | None:
+        """Commit; the error if the coordinator refused (counted), else None."""
         try:
             consumer.commit(offsets)
-        except KafkaError:
+        except KafkaError as exc:
             # fenced: the group moved on; the next poll rejoins, the new owner re-reads
             with self._lock:
                 self.commit_failures += 1
-            return
+            return exc
         with self._lock:
             self.commits += 1
             self.last_commit.update(offsets)
+        return None
 
 
 class ConsumerGroup:
@@ -203,7 +229,7 @@ class ConsumerGroup:
     def __init__(self, cluster, group_id: str, topics=(), num_members: int = 1,
                  process_fn: Callable | None = None, *, pattern: str | None = None,
                  consumer_config: dict | None = None, actor_options: dict | None = None,
-                 commit_interval_ms: int = 0):
+                 commit_interval_ms: int = 0, batch_format: str = "records"):
         if not isinstance(group_id, str) or not group_id:
             raise InvalidConfigurationError(f"group_id must be a non-empty string, got "
                                             f"{group_id!r}")
@@ -227,6 +253,16 @@ class ConsumerGroup:
                 isinstance(commit_interval_ms, bool) or commit_interval_ms < 0):
             raise InvalidConfigurationError(f"commit_interval_ms must be a number >= 0, got "
                                             f"{commit_interval_ms!r}")
+        batch_format = consumer_config.pop("batch_format", batch_format)
+        if batch_format not in BATCH_FORMATS:
+            raise InvalidConfigurationError(f"batch_format must be one of {BATCH_FORMATS}, "
+                                            f"got {batch_format!r}")
+        if batch_format != "records":
+            for key in ("key_deserializer", "value_deserializer"):
+                if consumer_config.get(key) is not None:
+                    raise InvalidConfigurationError(
+                        f"batch_format={batch_format!r} gives the raw bytes of keys and "
+                        f"values; {key} applies to batch_format='records' only")
         for key in ("group_id", "enable_auto_commit"):
             if key in consumer_config:
                 raise InvalidConfigurationError(
@@ -242,6 +278,7 @@ class ConsumerGroup:
         self.process_fn = process_fn
         self.consumer_config = consumer_config
         self.commit_interval_ms = commit_interval_ms
+        self.batch_format = batch_format
         self.actor_options = {"num_cpus": 0, "max_concurrency": 4,
                               **(actor_options or {})}
         self._members: list[tuple[str, object]] = []     # (name, handle), oldest first
@@ -266,7 +303,8 @@ class ConsumerGroup:
                 name=f"consumer-group-{name}", namespace=self.cluster.namespace,
                 **self.actor_options).remote(
                 self.cluster.namespace, self.group_id, self.topics, self.pattern,
-                self.process_fn, self.consumer_config, name, self.commit_interval_ms)
+                self.process_fn, self.consumer_config, name, self.commit_interval_ms,
+                self.batch_format)
             starting.append((name, handle))
         if starting:
             try:
