@@ -112,6 +112,26 @@ def test_a_member_that_does_not_rejoin_by_the_rebalance_deadline_is_dropped(logi
     assert set(logic.describe("g")["members"]) == {a, fc.result(0).member_id}
 
 
+def test_a_member_silent_during_a_rebalance_is_dropped_at_its_session_timeout(logic, clock):
+    """While the group prepares a rebalance, a member that has not rejoined keeps its
+    session by heartbeating; one that is silent is removed when its session timeout passes
+    (before the rebalance deadline) and the join completes for the others."""
+    a, b = stable_pair(logic)
+    fc = join(logic)                      # a third member starts a rebalance
+    fa = join(logic, a)
+    clock.now += SESSION - 1000
+    with pytest.raises(RebalanceInProgressError):
+        logic.heartbeat("g", b, 2)        # b is slow to rejoin, but alive
+    clock.now += 1001
+    logic.tick()
+    assert b in logic.describe("g")["members"] and not fa.done()
+    clock.now += SESSION                  # b goes silent: gone, well before REBALANCE
+    assert SESSION * 2 + 1 < REBALANCE
+    logic.tick()
+    assert fa.result(0).generation == fc.result(0).generation == 3
+    assert set(logic.describe("g")["members"]) == {a, fc.result(0).member_id}
+
+
 def test_commits_are_fenced_by_member_and_generation(logic):
     """check_commit refuses an unknown member, an older generation, and a commit once the
     join of a rebalance completed; it takes one while the group prepares the rebalance

@@ -415,3 +415,54 @@ def test_a_pattern_subscription_picks_up_a_topic_created_after_subscribe(cluster
         assert ("pat-b", 0) in c.assignment()
     finally:
         c.close()
+
+
+def test_a_cooperative_member_keeps_consuming_what_it_keeps_while_the_group_rebalances(
+        cluster):
+    """KIP-429: a cooperative-sticky member rejoins in the background, so while a
+    rebalance waits (here for a member that stays silent) its polls go on returning the
+    records of the partition it keeps."""
+    admin = cluster.admin()
+    admin.create_topic("coop-live", partitions=2, replication_factor=1)
+    group = "coop-live"
+    consumer = cluster.consumer(group_id=group, auto_offset_reset="earliest",
+                                partition_assignment_strategy="cooperative-sticky",
+                                session_timeout_ms=SESSION_MS, heartbeat_interval_ms=200)
+    silent = GroupMember(cluster.metadata, group, strategy="cooperative-sticky",
+                         session_timeout_ms=10_000, rebalance_timeout_ms=10_000)
+    producer = cluster.producer(acks="all")
+    joined = {}
+    try:
+        consumer.subscribe(["coop-live"])
+        wait_until(lambda: consumer.poll(timeout_ms=100) is not None
+                   and len(consumer.assignment()) == 2, timeout_s=60, what="both partitions")
+        joiner = threading.Thread(target=lambda: joined.update(
+            first=silent.join(["coop-live"])), daemon=True)
+        joiner.start()
+
+        # round 1 takes a partition from the consumer (it revokes it and rejoins: round 2,
+        # which waits for the silent member until its session times out, 10 s)
+        def round_two_waiting():
+            consumer.poll(timeout_ms=100)
+            return ("first" in joined and len(consumer.assignment()) == 1
+                    and admin.describe_group(group)["state"] == "PreparingRebalance")
+        wait_until(round_two_waiting, timeout_s=30, interval_s=0,
+                   what="a rebalance waiting for the silent member")
+        (kept,) = consumer.assignment()
+        for _ in range(5):
+            producer.send("coop-live", b"during", partition=kept[1])
+        producer.flush()
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < 5 and time.monotonic() < deadline:
+            for recs in consumer.poll(timeout_ms=200).values():
+                got += [r for r in recs if r.value == b"during"]
+        assert len(got) == 5
+        assert admin.describe_group(group)["state"] == "PreparingRebalance"
+        # the silent member is dropped at its session timeout: the consumer has both again
+        wait_until(lambda: consumer.poll(timeout_ms=100) is not None
+                   and len(consumer.assignment()) == 2, timeout_s=60,
+                   what="both partitions back")
+    finally:
+        producer.close()
+        consumer.close()

@@ -33,8 +33,11 @@ States (Kafka's):
   RebalanceInProgressError (commits are still taken while the group prepares a rebalance:
   that is when members commit what they give up, as in Kafka); so a member of an older
   generation can neither commit nor keep partitions (the seed's split brain).
-- ``tick(now)`` expires members whose heartbeat is older than their session timeout,
-  completes a join phase at its deadline, and is what the actor calls on a timer.
+- ``tick(now)`` expires members whose heartbeat is older than their session timeout (in
+  every state with members: during a rebalance a member that has not rejoined yet keeps
+  its session by heartbeating, as in Kafka, so a dead one does not hold the rebalance up
+  until its deadline), completes a join phase at its deadline, and is what the actor calls
+  on a timer.
 """
 
 from __future__ import annotations
@@ -439,8 +442,10 @@ class GroupLogic:
                     expired = [m.member_id for m in group.members.values()
                                if m.join_future is None
                                and now - m.last_heartbeat_ms > m.session_timeout_ms]
-                    if group.state == GroupState.PREPARING_REBALANCE:
-                        expired = []    # the rebalance deadline decides for the joiners
+                    # while the group prepares a rebalance too (Kafka): a member that has
+                    # not rejoined yet keeps its session with heartbeats (answered
+                    # RebalanceInProgress); one that died is dropped at its session
+                    # timeout, not kept until the rebalance deadline (max_poll_interval)
                     for mid in expired:
                         self._remove(group, mid)
                     if expired:
@@ -460,6 +465,9 @@ class GroupLogic:
                 yield group.join_deadline_ms
             if group.initial_delay_until_ms is not None:
                 yield group.initial_delay_until_ms
+            for m in group.members.values():
+                if m.join_future is None:
+                    yield m.last_heartbeat_ms + m.session_timeout_ms
         elif group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             for m in group.members.values():
                 yield m.last_heartbeat_ms + m.session_timeout_ms
