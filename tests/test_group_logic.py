@@ -210,3 +210,46 @@ def test_protocol_vote_and_incompatible_members(logic):
     with pytest.raises(InvalidSessionTimeoutError):
         logic.join("g", "", protocol_type="consumer", protocols=[("range", b"")],
                    session_timeout_ms=10, rebalance_timeout_ms=1000).result(0)
+
+
+def test_a_stored_stable_group_is_resumed_by_a_new_coordinator_without_a_rebalance(clock):
+    """A Stable group's snapshot restored into a fresh GroupLogic (a new coordinator) is
+    Stable in the same generation: its members' heartbeats and syncs are answered as before
+    (no rebalance, the stored assignments), and a member that never shows up is expired
+    after its session timeout."""
+    old = GroupLogic(clock, initial_rebalance_delay_ms=0)
+    a, b = stable_pair(old)
+    snap = old.snapshot("g")
+    assert old.snapshot("nope") is None
+    new = GroupLogic(clock, initial_rebalance_delay_ms=0)
+    assert new.restore("g", snap) and not new.restore("g", snap)
+    assert new.describe("g")["state"] == "Stable" and new.describe("g")["generation"] == 2
+    new.heartbeat("g", a, 2)
+    assert new.sync("g", b, 2).result(0) == "B2"
+    new.check_commit("g", a, 2)
+    clock.now += SESSION - 1000
+    new.heartbeat("g", a, 2)
+    clock.now += 1001
+    new.tick()
+    assert set(new.describe("g")["members"]) == {a}
+    with pytest.raises(RebalanceInProgressError):
+        new.heartbeat("g", a, 2)
+
+
+def test_a_group_reports_becoming_stable_and_becoming_empty(clock):
+    """GroupLogic tells its owner when a generation becomes stable and when the last
+    member goes (the coordinator stores the group then); an Empty group's snapshot has no
+    members and restores as Empty."""
+    seen = []
+    logic = GroupLogic(clock, initial_rebalance_delay_ms=0,
+                       on_stable=lambda g: seen.append(("stable", g.generation)),
+                       on_empty=lambda g: seen.append(("empty", g.generation)))
+    a = join(logic).result(0)
+    logic.sync("g", a.member_id, 1, {a.member_id: "A"}).result(0)
+    logic.leave("g", a.member_id)
+    assert seen == [("stable", 1), ("empty", 2)]
+    snap = logic.snapshot("g")
+    assert snap["members"] == [] and snap["generation"] == 2
+    other = GroupLogic(clock)
+    other.restore("g", snap)
+    assert other.describe("g")["state"] == "Empty"

@@ -83,3 +83,31 @@ def test_only_empty_groups_offsets_expire_after_the_retention():
     cache.remove("idle")
     assert cache.groups() == ["busy", "fresh"]
     assert cache.delete_records("busy") == [encode_key("busy", "t", 0)]
+
+
+def test_group_metadata_round_trips_and_is_told_apart_from_offset_keys():
+    """A group-metadata record (key v2, value v3 layout) decodes to what was encoded; its
+    key is not an offsets key and an offsets key is not a group key; a cut value raises
+    CorruptRecordError."""
+    from actors.server.group_offsets import (decode_group, decode_group_key, encode_group,
+                                             encode_group_key)
+    snap = {"protocol_type": "consumer", "generation": 7, "protocol": "range",
+            "leader_id": "m1",
+            "members": [{"member_id": "m1", "group_instance_id": None, "client_id": "c1",
+                         "rebalance_timeout_ms": 300_000, "session_timeout_ms": 10_000,
+                         "metadata": {"topics": ["t"], "owned": []},
+                         "assignment": [["t", 0], ["t", 1]]},
+                        {"member_id": "m2", "group_instance_id": "i2", "client_id": "c2",
+                         "rebalance_timeout_ms": 1000, "session_timeout_ms": 6000,
+                         "metadata": {"topics": ["t"]}, "assignment": []}]}
+    value = encode_group(snap, 1234)
+    got = decode_group(value)
+    assert got.pop("state_timestamp_ms") == 1234
+    for m in got["members"]:
+        assert m.pop("client_host") == ""
+    assert got == snap
+    assert decode_group_key(encode_group_key("g")) == "g"
+    assert decode_key(encode_group_key("g")) is None
+    assert decode_group_key(encode_key("g", "t", 0)) is None
+    with pytest.raises(CorruptRecordError):
+        decode_group(value[:-3])

@@ -10,6 +10,14 @@ GroupCoordinator + GroupMetadataManager).
   answer CoordinatorLoadInProgressError (the client retries). Losing p unloads its groups:
   their members' pending requests answer CoordinatorNotAvailableError and they look the
   coordinator up again.
+- A group's membership is stored too (a group-metadata record, ``group_offsets``) each
+  time a generation becomes stable or the group empty, appended with acks=all after the
+  SyncGroup answers; loading a partition resumes its groups from their newest record
+  (Stable with their members and assignments, sessions starting at the load), so members
+  that heartbeat the new coordinator in time go on without a rebalance (Kafka's
+  GroupMetadataManager.storeGroup/loadGroup). A generation whose record was not written
+  before its coordinator died is not resumed: its members' heartbeats are answered
+  IllegalGeneration and they rejoin.
 - Membership (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) is ``GroupLogic`` (pure); this
   actor only awaits its futures, so thousands of members can wait in a JoinGroup at once
   (an async actor: a waiting request costs no thread), and runs its timer.
@@ -50,7 +58,8 @@ from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableErr
                       ZooKeeperUnavailableError)
 from ..protocol import replica_actor_name, unwrap
 from .group_logic import GroupLogic, GroupState
-from .group_offsets import OFFSETS_TOPIC, OffsetCache, decode_key, offsets_partition
+from .group_offsets import (OFFSETS_TOPIC, OffsetCache, decode_group, decode_group_key,
+                            decode_key, encode_group, encode_group_key, offsets_partition)
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +91,8 @@ class GroupCoordinator:
             min_session_timeout_ms=int(config.get("group.min.session.timeout.ms", 6000)),
             max_session_timeout_ms=int(config.get("group.max.session.timeout.ms", 1_800_000)),
             initial_rebalance_delay_ms=int(config.get("group.initial.rebalance.delay.ms",
-                                                      3000)))
+                                                      3000)),
+            on_stable=self._group_changed, on_empty=self._group_changed)
         self.cache = OffsetCache()
         # minutes as Kafka has it; a fraction is taken (tests expire offsets in seconds)
         self.retention_ms = int(float(config.get("offsets.retention.minutes",
@@ -104,6 +114,11 @@ class GroupCoordinator:
         self._zk_expiry: asyncio.Task | None = None
         self.zk_expiry_failures = 0
         self.zk_offsets_expired = 0
+        # group metadata records: one writer per offsets partition, the newest state last
+        self._store_locks: dict[int, asyncio.Lock] = {}
+        self.groups_stored = 0
+        self.groups_restored = 0
+        self.group_store_failures = 0
 
     async def ready(self) -> bool:
         self._ensure_timer()
@@ -151,6 +166,7 @@ class GroupCoordinator:
                 handle = self._replica(partition)
                 offset = 0
                 applied = 0
+                groups: dict[str, bytes | None] = {}     # group metadata: the newest wins
                 while True:
                     result = await handle.fetch.remote(offset, LOAD_READ_BYTES,
                                                        isolation="log_end")
@@ -158,11 +174,17 @@ class GroupCoordinator:
                     if not records:
                         break
                     applied += self.cache.load(partition, records)
+                    for r in records:
+                        group = decode_group_key(r.key) if r.key is not None else None
+                        if group is not None:
+                            groups[group] = r.value
                     offset = records[-1].offset + 1
                 if self._leader_epochs.get(partition) == epoch:
+                    restored = self._restore_groups(partition, groups)
                     self.partitions[partition] = "loaded"
-                    log.info("coordinator %d: loaded %s-%d (%d offset records)",
-                             self.broker_id, OFFSETS_TOPIC, partition, applied)
+                    log.info("coordinator %d: loaded %s-%d (%d offset records, %d groups "
+                             "resumed)", self.broker_id, OFFSETS_TOPIC, partition, applied,
+                             restored)
                 return
             except Exception as exc:  # noqa: BLE001 - the replica may not be ready yet
                 attempt += 1
@@ -170,6 +192,59 @@ class GroupCoordinator:
                     log.warning("coordinator %d: loading %s-%d: %r", self.broker_id,
                                 OFFSETS_TOPIC, partition, unwrap(exc))
                 await asyncio.sleep(0.1)
+
+    def _restore_groups(self, partition: int, groups: dict) -> int:
+        """Resume the groups stored in ``partition`` (their newest metadata record; a
+        tombstone or an unreadable record: nothing to resume, the members rejoin)."""
+        restored = 0
+        for group_id, value in groups.items():
+            if value is None or offsets_partition(group_id, self.num_partitions) != partition:
+                continue
+            try:
+                snapshot = decode_group(value)
+            except Exception as exc:  # noqa: BLE001 - the members rejoin instead
+                log.warning("coordinator %d: group %r: unreadable metadata record: %r",
+                            self.broker_id, group_id, exc)
+                continue
+            if self.logic.restore(group_id, snapshot):
+                restored += 1
+        self.groups_restored += restored
+        if restored:
+            self._poke()                  # the restored members' session timers
+        return restored
+
+    def _group_changed(self, group) -> None:
+        """GroupLogic's hook (under its lock, on this actor's event loop): a generation
+        became stable or the group empty; store it (in the background: a store that does
+        not happen only means the next coordinator rebuilds the group from rejoins)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        loop.create_task(self._store_group(group.group_id))
+
+    async def _store_group(self, group_id: str) -> None:
+        """Append the group's current stored form (``GroupLogic.snapshot``) to its offsets
+        partition with acks=all. One store per partition at a time, each taking the
+        snapshot when its turn comes, so the newest state is the last record."""
+        if not self.num_partitions:
+            return
+        partition = offsets_partition(group_id, self.num_partitions)
+        lock = self._store_locks.setdefault(partition, asyncio.Lock())
+        async with lock:
+            if self.partitions.get(partition) != "loaded":
+                return
+            snapshot = self.logic.snapshot(group_id)
+            if snapshot is None:
+                return                    # rebalancing again: its next state is stored
+            try:
+                await self._append(partition, [encode_group_key(group_id)],
+                                   [encode_group(snapshot, int(time.time() * 1000))])
+                self.groups_stored += 1
+            except Exception as exc:  # noqa: BLE001 - see _group_changed
+                self.group_store_failures += 1
+                log.info("coordinator %d: storing group %r: %r", self.broker_id, group_id,
+                         exc)
 
     def _replica(self, partition: int):
         return self._ray.get_actor(replica_actor_name(OFFSETS_TOPIC, partition, self.broker_id),
@@ -423,7 +498,9 @@ class GroupCoordinator:
         return {"broker_id": self.broker_id, "partitions": dict(self.partitions),
                 "groups": sorted(self.logic.groups),
                 "zk_offsets_expired": self.zk_offsets_expired,
-                "zk_expiry_failures": self.zk_expiry_failures}
+                "zk_expiry_failures": self.zk_expiry_failures,
+                "groups_stored": self.groups_stored, "groups_restored": self.groups_restored,
+                "group_store_failures": self.group_store_failures}
 
     # -- the timer --------------------------------------------------------------------------------
     def _ensure_timer(self) -> None:

@@ -138,12 +138,14 @@ class GroupLogic:
                  min_session_timeout_ms: int = MIN_SESSION_TIMEOUT_MS,
                  max_session_timeout_ms: int = MAX_SESSION_TIMEOUT_MS,
                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
-                 on_stable: Callable[[Group], None] | None = None):
+                 on_stable: Callable[[Group], None] | None = None,
+                 on_empty: Callable[[Group], None] | None = None):
         self.clock = clock                         # ms
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
-        self.on_stable = on_stable                 # a new generation is stable (registry)
+        self.on_stable = on_stable                 # a new generation is stable (stored)
+        self.on_empty = on_empty                   # the last member went (stored)
         self.groups: dict[str, Group] = {}
         self.lock = threading.RLock()
 
@@ -292,6 +294,8 @@ class GroupLogic:
             group.state = GroupState.EMPTY
             group.protocol = group.leader_id = None
             group.protocol_type = None
+            if self.on_empty is not None:
+                self.on_empty(group)
             return
         group.protocol = self._vote(group)
         if group.leader_id not in group.members:
@@ -393,6 +397,8 @@ class GroupLogic:
                 group.state = GroupState.EMPTY
                 group.generation += 1
                 group.protocol = group.leader_id = group.protocol_type = None
+                if self.on_empty is not None:
+                    self.on_empty(group)
         self._maybe_complete_join(group, now)
 
     # -- commits ------------------------------------------------------------------------------
@@ -471,6 +477,55 @@ class GroupLogic:
         elif group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             for m in group.members.values():
                 yield m.last_heartbeat_ms + m.session_timeout_ms
+
+    # -- stored form (the coordinator persists it; a new coordinator restores it) ----------------
+    def snapshot(self, group_id: str) -> dict | None:
+        """What a new coordinator needs to resume the group: its generation, protocol,
+        leader, and each member's settings, chosen protocol metadata and assignment. Only a
+        Stable or Empty group has one (None otherwise: a rebalance in flight is not
+        stored; its members rejoin the next coordinator)."""
+        with self.lock:
+            group = self.groups.get(group_id)
+            if group is None or group.state not in (GroupState.STABLE, GroupState.EMPTY):
+                return None
+            return {"protocol_type": group.protocol_type, "generation": group.generation,
+                    "protocol": group.protocol, "leader_id": group.leader_id,
+                    "members": [{"member_id": m.member_id,
+                                 "group_instance_id": m.group_instance_id,
+                                 "client_id": m.client_id,
+                                 "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                                 "session_timeout_ms": m.session_timeout_ms,
+                                 "metadata": m.metadata_for(group.protocol),
+                                 "assignment": m.assignment}
+                                for m in group.members.values()]}
+
+    def restore(self, group_id: str, snapshot: dict) -> bool:
+        """Take a group over from its stored form (Kafka's loadGroup): Stable with its
+        members (their sessions start now, so members that are gone expire after their
+        session timeout) or Empty. A group this logic already has is left alone (False)."""
+        with self.lock:
+            if group_id in self.groups:
+                return False
+            now = self.clock()
+            members = {}
+            for m in snapshot["members"]:
+                protocols = [(snapshot["protocol"], m["metadata"])]
+                members[m["member_id"]] = Member(
+                    m["member_id"], m["group_instance_id"], m["client_id"],
+                    m["session_timeout_ms"], m["rebalance_timeout_ms"], protocols,
+                    last_heartbeat_ms=now, assignment=m["assignment"])
+            group = Group(group_id, generation=snapshot["generation"])
+            if members:
+                group.state = GroupState.STABLE
+                group.protocol_type = snapshot["protocol_type"]
+                group.protocol = snapshot["protocol"]
+                group.members = members
+                group.leader_id = snapshot["leader_id"] if snapshot["leader_id"] in members \
+                    else next(iter(members))
+                group.static = {m.group_instance_id: mid for mid, m in members.items()
+                                if m.group_instance_id is not None}
+            self.groups[group_id] = group
+            return True
 
     # -- reading ------------------------------------------------------------------------------------
     def describe(self, group_id: str) -> dict | None:

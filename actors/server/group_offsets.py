@@ -10,6 +10,16 @@ Record format: Kafka's own (so the topic reads the same to anyone who knows Kafk
   string metadata, int64 commit timestamp (ms);
 - a tombstone (value None) deletes the key: an expired or deleted offset. Compaction keeps
   the newest record per key, so the topic stays small.
+- a group's membership, GroupMetadataKey v2: int16 version = 2, string group; value,
+  GroupMetadataValue v3's layout: int16 version = 3, string protocol type, int32
+  generation, nullable string protocol, nullable string leader, int64 state timestamp,
+  int32 count of members, each: string member id, nullable string group instance id,
+  string client id, string client host, int32 rebalance timeout, int32 session timeout,
+  bytes subscription, bytes assignment (bytes = int32 length + data). Kafka's subscription
+  and assignment are its ConsumerProtocol's binary; here they are the JSON of what the
+  member sent (its protocol metadata) and of its assignment. Written by the coordinator
+  when a generation becomes stable or the group empty, so a coordinator that takes over
+  resumes the group where it was (``encode_group``, ``decode_group``).
 
 The cache (``OffsetCache``) is what the coordinator answers OffsetFetch from. A coordinator
 that becomes leader of an offsets partition ``load``s every record of it in order (the last
@@ -96,6 +106,99 @@ def decode_key(buf: bytes) -> tuple[str, str, int] | None:
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecordError(f"offsets record key: {exc}") from None
     return group, topic, partition
+
+
+GROUP_KEY_VERSION = 2
+GROUP_VALUE_VERSION = 3
+
+
+def _nullable(value: str | None) -> bytes:
+    return _I16.pack(-1) if value is None else _string(value)
+
+
+def _read_nullable(buf: bytes, pos: int) -> tuple[str | None, int]:
+    (n,) = _I16.unpack_from(buf, pos)
+    if n == -1:
+        return None, pos + 2
+    return _read_string(buf, pos)
+
+
+def _bytes(raw: bytes) -> bytes:
+    return _I32.pack(len(raw)) + raw
+
+
+def _read_bytes(buf: bytes, pos: int) -> tuple[bytes, int]:
+    (n,) = _I32.unpack_from(buf, pos)
+    pos += 4
+    if n < 0 or pos + n > len(buf):
+        raise CorruptRecordError(f"group metadata record: bytes length {n} at byte {pos - 4}")
+    return bytes(buf[pos:pos + n]), pos + n
+
+
+def encode_group_key(group: str) -> bytes:
+    return _I16.pack(GROUP_KEY_VERSION) + _string(group)
+
+
+def decode_group_key(buf: bytes) -> str | None:
+    """The group of a group-metadata key (version 2); None for other keys."""
+    try:
+        (version,) = _I16.unpack_from(buf, 0)
+        if version != GROUP_KEY_VERSION:
+            return None
+        return _read_string(buf, 2)[0]
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(f"group metadata key: {exc}") from None
+
+
+def encode_group(snapshot: dict, now_ms: int) -> bytes:
+    """The value of a group-metadata record from ``GroupLogic.snapshot``."""
+    import json
+    out = [_I16.pack(GROUP_VALUE_VERSION), _string(snapshot.get("protocol_type") or ""),
+           _I32.pack(snapshot["generation"]), _nullable(snapshot.get("protocol")),
+           _nullable(snapshot.get("leader_id")), _I64.pack(now_ms),
+           _I32.pack(len(snapshot["members"]))]
+    for m in snapshot["members"]:
+        out += [_string(m["member_id"]), _nullable(m["group_instance_id"]),
+                _string(m["client_id"]), _string(m.get("client_host", "")),
+                _I32.pack(m["rebalance_timeout_ms"]), _I32.pack(m["session_timeout_ms"]),
+                _bytes(json.dumps(m["metadata"]).encode()),
+                _bytes(json.dumps(m["assignment"]).encode())]
+    return b"".join(out)
+
+
+def decode_group(buf: bytes) -> dict:
+    """``encode_group``'s snapshot back (``GroupLogic.restore`` takes it)."""
+    import json
+    try:
+        (version,) = _I16.unpack_from(buf, 0)
+        if version != GROUP_VALUE_VERSION:
+            raise CorruptRecordError(f"group metadata value version {version}")
+        protocol_type, pos = _read_string(buf, 2)
+        (generation,) = _I32.unpack_from(buf, pos)
+        protocol, pos = _read_nullable(buf, pos + 4)
+        leader, pos = _read_nullable(buf, pos)
+        (ts,) = _I64.unpack_from(buf, pos)
+        (count,) = _I32.unpack_from(buf, pos + 8)
+        pos += 12
+        members = []
+        for _ in range(count):
+            member_id, pos = _read_string(buf, pos)
+            instance, pos = _read_nullable(buf, pos)
+            client_id, pos = _read_string(buf, pos)
+            host, pos = _read_string(buf, pos)
+            rebalance, session = _I32.unpack_from(buf, pos)[0], _I32.unpack_from(buf, pos + 4)[0]
+            metadata, pos = _read_bytes(buf, pos + 8)
+            assignment, pos = _read_bytes(buf, pos)
+            members.append({"member_id": member_id, "group_instance_id": instance,
+                            "client_id": client_id, "client_host": host,
+                            "rebalance_timeout_ms": rebalance, "session_timeout_ms": session,
+                            "metadata": json.loads(metadata),
+                            "assignment": json.loads(assignment)})
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptRecordError(f"group metadata value: {exc}") from None
+    return {"protocol_type": protocol_type or None, "generation": generation,
+            "protocol": protocol, "leader_id": leader, "state_timestamp_ms": ts,
+            "members": members}
 
 
 def decode_value(buf: bytes) -> CommittedOffset:
