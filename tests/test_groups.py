@@ -33,6 +33,22 @@ def cluster():
     c.shutdown()
 
 
+def coordinator_of(cluster, group: str, ask: int | None = None) -> int:
+    """The broker id of ``group``'s coordinator, as broker ``ask`` (default the first)
+    names it; retried while that broker cannot tell (restarted by an earlier test, it may
+    not have the offsets topic's metadata yet)."""
+    ask = cluster.broker_ids()[0] if ask is None else ask
+
+    def found():
+        try:
+            return ray.get(cluster.broker(ask).find_coordinator.remote(group),
+                           timeout=30)          # a dict: truthy even for broker 0
+        except ray.exceptions.RayTaskError:
+            return None
+    return wait_until(found, timeout_s=60,
+                      what=f"broker {ask} naming {group}'s coordinator")["broker_id"]
+
+
 def member(cluster, group="g", **kw) -> GroupMember:
     return GroupMember(cluster.metadata, group, session_timeout_ms=SESSION_MS,
                        rebalance_timeout_ms=10_000, **kw)
@@ -105,8 +121,7 @@ def test_committed_offsets_survive_the_coordinators_broker(cluster):
     m = member(cluster, group="durable")
     m.join(["ev"])
     m.commit({("ev", p): 100 + p for p in range(6)})
-    broker_id = ray.get(cluster.broker(cluster.broker_ids()[0]).find_coordinator.remote(
-        "durable"), timeout=30)["broker_id"]
+    broker_id = coordinator_of(cluster, "durable")
     cluster.kill_broker(broker_id)
     try:
         reader = GroupMember(cluster.metadata, "durable")
@@ -170,8 +185,7 @@ def test_no_committed_offset_goes_backwards_while_the_coordinators_broker_dies(c
                     seen.append((asked, tp, got))
 
     def coordinator_id(ask: int) -> int:
-        return ray.get(cluster.broker(ask).find_coordinator.remote(group),
-                       timeout=30)["broker_id"]
+        return coordinator_of(cluster, group, ask)
 
     broker_id = coordinator_id(cluster.broker_ids()[0])
     survivor = next(b for b in cluster.broker_ids() if b != broker_id)
@@ -466,3 +480,108 @@ def test_a_cooperative_member_keeps_consuming_what_it_keeps_while_the_group_reba
     finally:
         producer.close()
         consumer.close()
+
+
+def test_a_stable_group_survives_its_coordinators_broker_without_a_rebalance(cluster):
+    """The coordinator stores a group's membership when a generation becomes stable; when
+    its broker is killed, the new coordinator resumes the group (same generation, same
+    members, Stable) and the consumers, heartbeating on, are never told to give up a
+    partition."""
+    admin = cluster.admin()
+    conf = dict(group_id="resumed", auto_offset_reset="earliest", enable_auto_commit=False,
+                session_timeout_ms=6000, heartbeat_interval_ms=300)
+    listeners = [Listener(), Listener()]
+    consumers = [cluster.consumer(**conf), cluster.consumer(**conf)]
+    for c, listener in zip(consumers, listeners):
+        c.subscribe(["ev"], listener=listener)
+
+    stop = threading.Event()
+
+    def keep_polling(c):          # each consumer polls on a thread of its own, as an app
+        while not stop.is_set():
+            try:
+                c.poll(timeout_ms=100)
+            except Exception:  # noqa: BLE001 - partitions of the killed broker: retried
+                time.sleep(0.1)
+    threads = [threading.Thread(target=keep_polling, args=(c,), daemon=True)
+               for c in consumers]
+    for t in threads:
+        t.start()
+
+    def poll_all():
+        time.sleep(0.05)
+
+    def described():
+        try:
+            return admin.describe_group("resumed")
+        except Exception:  # noqa: BLE001 - the coordinator is moving
+            return None
+
+    def stable_with_two():
+        poll_all()
+        d = described()
+        return d if d and d["state"] == "Stable" and len(d["members"]) == 2 and all(
+            c.assignment() for c in consumers) else None
+    try:
+        before = wait_until(stable_with_two, timeout_s=60, interval_s=0, what="2 members")
+        revoked_before = [len(lst.revoked) for lst in listeners]
+        broker_id = coordinator_of(cluster, "resumed")
+        cluster.kill_broker(broker_id)
+        try:
+            def resumed_elsewhere():
+                poll_all()
+                try:
+                    found = ray.get(cluster.broker(next(
+                        b for b in cluster.broker_ids() if b != broker_id)).find_coordinator
+                        .remote("resumed"), timeout=30)["broker_id"]
+                except ray.exceptions.RayTaskError:
+                    return None                     # no coordinator for the group yet
+                return found != broker_id and stable_with_two()
+            after = wait_until(resumed_elsewhere, timeout_s=60, interval_s=0.1,
+                               what="the group on the new coordinator")
+            assert after["generation"] == before["generation"]
+            assert set(after["members"]) == set(before["members"])
+            # heartbeats go on being accepted: still the same generation a while later
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                poll_all()
+            last = described()
+            assert last["generation"] == before["generation"] and last["state"] == "Stable"
+            assert [len(lst.revoked) for lst in listeners] == revoked_before
+        finally:
+            cluster.start_broker(broker_id)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        for c in consumers:
+            c.close()
+
+
+def test_a_partition_whose_leader_is_gone_does_not_hold_up_poll(cluster):
+    """A consumer starting on three partitions, one of them offline (RF 1, its broker
+    killed, no position yet): poll returns the other two partitions' records at once
+    instead of retrying the offline one's list_offsets for default_api_timeout_ms."""
+    cluster.admin().create_topic("half-dead", partitions=3, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        for p in range(3):
+            producer.send("half-dead", b"x", partition=p)
+        producer.flush()
+    dead = cluster.metadata.leader("half-dead", 0).broker_id
+    live = [p for p in range(3) if cluster.metadata.leader("half-dead", p).broker_id != dead]
+    cluster.kill_broker(dead)
+    try:
+        with cluster.consumer(auto_offset_reset="earliest",
+                              default_api_timeout_ms=60_000) as consumer:
+            consumer.assign([("half-dead", p) for p in range(3)])
+            got = set()
+            started = time.monotonic()
+            while not set(live) <= got and time.monotonic() - started < 30:
+                try:
+                    got |= {tp[1] for tp in consumer.poll(timeout_ms=500)}
+                except Exception:  # noqa: BLE001 - the offline partition's error, typed
+                    pass
+            assert set(live) <= got
+            assert time.monotonic() - started < 15
+    finally:
+        cluster.start_broker(dead)

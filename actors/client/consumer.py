@@ -516,6 +516,21 @@ class Consumer:
             self._positions[tp] = self._list_offset(tp, reset)
         return self._positions[tp]
 
+    def _start_position(self, tp) -> int:
+        """A position for ``tp``, which has none: the group's committed offset, else one
+        list_offsets attempt per ``auto_offset_reset`` (its error raised, not retried)."""
+        if self._group is not None:
+            committed = self._group.committed([tp])
+            if tp in committed:
+                self._positions[tp] = committed[tp]
+                return committed[tp]
+        reset = -2 if self.config["auto_offset_reset"] == "earliest" else -1
+        leader = self.metadata.leader(*tp)
+        offset = ray.get(leader.handle.list_offsets.remote(reset, 1),
+                         timeout=self.config["request_timeout_ms"] / 1000)[0]
+        self._positions[tp] = offset
+        return offset
+
     def seek(self, tp, offset: int) -> None:
         tp = tuple(tp)
         self._require_assigned(tp)
@@ -748,8 +763,13 @@ class Consumer:
             backoff = self._backoffs.get(tp)
             if backoff is not None and backoff.retry_at_s > now:
                 continue
-            offset = self.position(tp)   # list_offsets: retried (or raised) in the call
             try:
+                offset = self._positions.get(tp)
+                if offset is None:
+                    # one attempt, not position()'s retries: a partition whose leader is
+                    # gone must not hold up poll (the group's rejoin, the other
+                    # partitions) for default_api_timeout_ms; it is retried from backoff
+                    offset = self._start_position(tp)
                 leader = self.metadata.leader(*tp)
                 ref = fetch_remote(leader.handle, offset, self.config["fetch_max_bytes"],
                                    max_wait_ms, self.config["fetch_min_bytes"])

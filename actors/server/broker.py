@@ -406,8 +406,11 @@ class Broker:
             raise IllegalArgumentError(f"group_id must be a non-empty str, got {group_id!r}")
         count = self._offsets_partition_count()
         if count is None:
-            self._create_offsets_topic()
-            raise CoordinatorNotAvailableError(f"{OFFSETS_TOPIC} is being created")
+            if self._create_offsets_topic():
+                raise CoordinatorNotAvailableError(f"{OFFSETS_TOPIC} is being created")
+            raise CoordinatorNotAvailableError(
+                f"broker {self.broker_id} has no metadata of {OFFSETS_TOPIC} yet (just "
+                f"started?): retry, or ask another broker")
         partition = offsets_partition(group_id, count)
         with self._lock:
             state = self.metadata["topics"][OFFSETS_TOPIC].get(partition) or {}
@@ -417,7 +420,8 @@ class Broker:
                 f"{OFFSETS_TOPIC}-{partition} (group {group_id!r}) has no leader")
         return {"broker_id": leader, "partition": partition}
 
-    def _create_offsets_topic(self) -> None:
+    def _create_offsets_topic(self) -> bool:
+        """Create the offsets topic; False when it exists already."""
         live = self._live_brokers() or {self.broker_id}
         rf = min(int(self.config.get("offsets.topic.replication.factor",
                                      DEFAULT_OFFSETS_REPLICATION)), len(live))
@@ -429,7 +433,8 @@ class Broker:
         try:
             self.admin.create_topic(OFFSETS_TOPIC, count, rf, config)
         except TopicAlreadyExistsError:
-            pass
+            return False
+        return True
 
     def update_metadata(self, controller_epoch: int, metadata: dict,
                         request_id: int = 0) -> bool:
