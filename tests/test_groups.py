@@ -585,3 +585,29 @@ def test_a_partition_whose_leader_is_gone_does_not_hold_up_poll(cluster):
             assert time.monotonic() - started < 15
     finally:
         cluster.start_broker(dead)
+
+
+def test_a_waiting_heartbeat_is_answered_as_soon_as_a_rebalance_starts(cluster):
+    """Heartbeats are long polls: in a Stable group one waits at the coordinator for its
+    wait_ms, and one waiting when another member's join starts a rebalance is answered at
+    once (False: rejoin), not at the end of its wait."""
+    a = member(cluster, group="beats")
+    a.join(["ev"])
+    started = time.monotonic()
+    assert a.heartbeat(wait_ms=400) and time.monotonic() - started >= 0.35
+    answer = {}
+
+    def beat():
+        t0 = time.monotonic()
+        answer["current"] = a.heartbeat(wait_ms=8000)
+        answer["after_s"] = time.monotonic() - t0
+    waiting = threading.Thread(target=beat, daemon=True)
+    waiting.start()
+    b = member(cluster, group="beats")
+    joiner = threading.Thread(target=lambda: b.join(["ev"]), daemon=True)
+    joiner.start()
+    waiting.join(timeout=30)
+    assert answer["current"] is False and answer["after_s"] < 4, answer
+    a.leave()                 # b's join completes without a
+    joiner.join(timeout=60)
+    b.leave()

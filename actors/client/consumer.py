@@ -401,12 +401,19 @@ class Consumer:
         polls; a caller silent for max_poll_interval_ms leaves the group."""
         interval_s = self.config["heartbeat_interval_ms"] / 1000
         max_poll_s = self.config["max_poll_interval_ms"] / 1000
+        # a steady beat is a long poll at the coordinator (answered at once when a
+        # rebalance starts); one while a rejoin is owed is plain, every 0.1 s at most
+        wait_ms = min(self.config["heartbeat_interval_ms"],
+                      self.config["session_timeout_ms"] // 2)
         while not self._closed:
-            time.sleep(interval_s if not self._rejoin.is_set() else min(interval_s, 0.1))
             group = self._group
-            if (self._closed or not group.member_id or self._left.is_set()
-                    or self._joining.is_set()):
-                continue
+            steady = not (self._rejoin.is_set() or not group.member_id
+                          or self._left.is_set() or self._joining.is_set())
+            if not steady:
+                time.sleep(min(interval_s, 0.1))
+                if (self._closed or not group.member_id or self._left.is_set()
+                        or self._joining.is_set()):
+                    continue
             try:
                 if time.monotonic() - self._last_poll > max_poll_s:
                     log.warning("consumer of group %r: no poll for %.0fs "
@@ -415,10 +422,12 @@ class Consumer:
                     group.leave()
                     self._left.set()
                     continue
-                if not group.heartbeat():
+                if not group.heartbeat(wait_ms if steady else 0) \
+                        and not self._joining.is_set():   # a join under way settles it
                     self._rejoin.set()
             except Exception as exc:  # noqa: BLE001 - the coordinator moved: next beat
                 log.info("heartbeat of group %r: %r", self.config["group_id"], exc)
+                time.sleep(min(interval_s, 0.5))
 
     def assign(self, partitions) -> None:
         self._check_open()

@@ -198,16 +198,18 @@ class GroupMember:
             result = result.assignment
         return {mid: [list(tp) for tp in tps] for mid, tps in result.items()}
 
-    def heartbeat(self) -> bool:
+    def heartbeat(self, wait_ms: int = 0) -> bool:
         """True while this member's generation is current; False: rejoin. An answer about
         a (member, generation) this member has left meanwhile (a join ran concurrently)
-        is ignored (True)."""
+        is ignored (True). ``wait_ms``: a long poll, answered when a rebalance starts or
+        after ``wait_ms`` (see GroupCoordinator.heartbeat)."""
         with self._lock:
             member_id, generation = self.member_id, self.generation
         if not member_id:
             return False
         try:
-            self._call("heartbeat", self.group_id, member_id, generation, timeout_s=10)
+            self._call("heartbeat", self.group_id, member_id, generation, wait_ms,
+                       timeout_s=10 + wait_ms / 1000)
             return True
         except (RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError,
                 FencedInstanceIdError) as exc:

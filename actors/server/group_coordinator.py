@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 OFFSETS_RETENTION_MINUTES = 7 * 24 * 60
 OFFSETS_RETENTION_CHECK_MS = 600_000
 COMMIT_TIMEOUT_MS = 5_000
+#: The longest a heartbeat waits at the coordinator for a rebalance (its long poll).
+MAX_HEARTBEAT_WAIT_MS = 10_000
 LOAD_READ_BYTES = 4 << 20
 #: The coordinator's ZooKeeper session: how long one operation may take, retries included.
 ZK_OP_DEADLINE_S = 5.0
@@ -92,7 +94,8 @@ class GroupCoordinator:
             max_session_timeout_ms=int(config.get("group.max.session.timeout.ms", 1_800_000)),
             initial_rebalance_delay_ms=int(config.get("group.initial.rebalance.delay.ms",
                                                       3000)),
-            on_stable=self._group_changed, on_empty=self._group_changed)
+            on_stable=self._group_changed, on_empty=self._group_changed,
+            on_rebalance=self._rebalance_started)
         self.cache = OffsetCache()
         # minutes as Kafka has it; a fraction is taken (tests expire offsets in seconds)
         self.retention_ms = int(float(config.get("offsets.retention.minutes",
@@ -116,6 +119,9 @@ class GroupCoordinator:
         self.zk_offsets_expired = 0
         # group metadata records: one writer per offsets partition, the newest state last
         self._store_locks: dict[int, asyncio.Lock] = {}
+        # heartbeats waiting (long poll) for their group's next rebalance
+        self._rebalancing: dict[str, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.groups_stored = 0
         self.groups_restored = 0
         self.group_store_failures = 0
@@ -150,6 +156,9 @@ class GroupCoordinator:
                 self._unload(partition)
 
     def _unload(self, partition: int) -> None:
+        for event in self._rebalancing.values():     # waiting beats: find the new one
+            event.set()
+        self._rebalancing.clear()
         self.partitions.pop(partition, None)
         self._leader_epochs.pop(partition, None)
         self.cache.unload(partition)
@@ -290,9 +299,38 @@ class GroupCoordinator:
         self._poke()
         return await asyncio.wrap_future(future)
 
-    async def heartbeat(self, group_id: str, member_id: str, generation: int) -> None:
+    async def heartbeat(self, group_id: str, member_id: str, generation: int,
+                        wait_ms: int = 0) -> None:
+        """A heartbeat (RebalanceInProgressError: rejoin). With ``wait_ms`` it is also a
+        long poll, as fetches are: while the group stays Stable the answer waits up to
+        ``wait_ms`` (at most MAX_HEARTBEAT_WAIT_MS), and comes at once when a rebalance
+        starts, so members learn of it in a round trip instead of at their next beat.
+        The member's session is refreshed when the heartbeat arrives and when it
+        answers."""
         self._owner(group_id)
         self.logic.heartbeat(group_id, member_id, generation)
+        if not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms <= 0:
+            return
+        self._loop = asyncio.get_running_loop()
+        event = self._rebalancing.setdefault(group_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), min(wait_ms, MAX_HEARTBEAT_WAIT_MS) / 1000)
+        except asyncio.TimeoutError:
+            pass
+        self._owner(group_id)
+        self.logic.heartbeat(group_id, member_id, generation)
+
+    def _rebalance_started(self, group) -> None:
+        """GroupLogic's hook: wake the heartbeats waiting on the group."""
+        event = self._rebalancing.pop(group.group_id, None)
+        if event is None:
+            return
+        try:
+            asyncio.get_running_loop()
+            event.set()
+        except RuntimeError:              # not on the event loop's thread
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(event.set)
 
     async def leave_group(self, group_id: str, member_id: str) -> None:
         self._owner(group_id)

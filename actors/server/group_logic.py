@@ -139,13 +139,15 @@ class GroupLogic:
                  max_session_timeout_ms: int = MAX_SESSION_TIMEOUT_MS,
                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
                  on_stable: Callable[[Group], None] | None = None,
-                 on_empty: Callable[[Group], None] | None = None):
+                 on_empty: Callable[[Group], None] | None = None,
+                 on_rebalance: Callable[[Group], None] | None = None):
         self.clock = clock                         # ms
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.on_stable = on_stable                 # a new generation is stable (stored)
         self.on_empty = on_empty                   # the last member went (stored)
+        self.on_rebalance = on_rebalance           # a rebalance starts (waiting beats)
         self.groups: dict[str, Group] = {}
         self.lock = threading.RLock()
 
@@ -270,6 +272,8 @@ class GroupLogic:
         if group.state != GroupState.PREPARING_REBALANCE:
             empty_before = group.state == GroupState.EMPTY
             group.state = GroupState.PREPARING_REBALANCE
+            if self.on_rebalance is not None:
+                self.on_rebalance(group)
             timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
             group.join_deadline_ms = now + timeout
             if empty_before and new_member and self.initial_rebalance_delay_ms > 0:
