@@ -431,19 +431,19 @@ def columns_recording(ledger):
 
 
 @pytest.mark.parametrize("batch_format", ["pyarrow", "pandas"])
-def test_a_columnar_consumer_group_processes_every_record_once_and_commits(cluster,
-                                                                            batch_format):
+def test_a_columnar_consumer_group_processes_every_record_and_commits(cluster, batch_format):
     """With batch_format pyarrow (or pandas) two members get their partitions' records as
-    tables: every produced record processed exactly once (no failures), and the committed
+    tables: every produced record is processed (at least once), and the group's committed
     offsets reach the log ends."""
     topic = f"columns-group-{batch_format}"
+    group_id = f"cols-{batch_format}"
     cluster.admin().create_topic(topic, partitions=4, replication_factor=1)
     with cluster.producer(acks="all", linger_ms=5) as producer:
         for i in range(2000):
             producer.send(topic, b"%d" % i, partition=i % 4)
         producer.flush()
     ledger = Ledger.remote()
-    group = cluster.consumer_group(f"cols-{batch_format}", [topic], 2,
+    group = cluster.consumer_group(group_id, [topic], 2,
                                    columns_recording(ledger), batch_format=batch_format,
                                    session_timeout_ms=SESSION_MS,
                                    auto_offset_reset="earliest", max_poll_records=300)
@@ -451,10 +451,10 @@ def test_a_columnar_consumer_group_processes_every_record_once_and_commits(clust
         group.wait_for(lambda s: s["processed"] >= 2000, timeout_s=90)
     finally:
         stats = group.stop()
-    seen = Counter((p, o) for _, p, o in ray.get(ledger.get.remote()))
-    assert seen == Counter((p, o) for p in range(4) for o in range(500))
-    committed = {}
-    for m in stats["members"].values():
-        assert m["state"] == "stopped", m
-        committed.update(m["committed"])
-    assert committed == {(topic, p): 500 for p in range(4)}
+    assert all(m["state"] == "stopped" for m in stats["members"].values()), stats
+    seen = {(p, o) for _, p, o in ray.get(ledger.get.remote())}
+    assert seen == {(p, o) for p in range(4) for o in range(500)}
+    # what the group committed (a partition may have moved between the members)
+    with cluster.consumer(group_id=group_id, zookeeper_registry=False) as reader:
+        committed = {p: reader.committed((topic, p)) for p in range(4)}
+    assert committed == {p: 500 for p in range(4)}
