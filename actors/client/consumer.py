@@ -944,6 +944,11 @@ class Consumer:
                 self._inflight = {}
                 if self._zk is not None:
                     self._zk.close()
+        # the heartbeat thread ends with its call in flight (a long poll, answered by
+        # the leave): not left inside a Ray call when the process exits right after
+        beats = self._heartbeat_thread
+        if beats is not None and beats is not threading.current_thread():
+            beats.join(timeout=5)
 
     def _check_open(self) -> None:
         if self._closed:

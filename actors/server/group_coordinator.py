@@ -335,6 +335,11 @@ class GroupCoordinator:
     async def leave_group(self, group_id: str, member_id: str) -> None:
         self._owner(group_id)
         self.logic.leave(group_id, member_id)
+        # the leaver's own waiting heartbeat answers now (the last member's leave starts
+        # no rebalance to wake it), so a closing consumer is not held up by it
+        event = self._rebalancing.pop(group_id, None)
+        if event is not None:
+            event.set()
         self._poke()
 
     # -- offsets ----------------------------------------------------------------------------------
