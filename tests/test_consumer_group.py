@@ -329,6 +329,15 @@ def _fill_mixed(cluster, topic: str, n: int) -> None:
         producer.flush()
 
 
+def _fill_numbered(cluster, topic: str, partitions: int, n: int) -> None:
+    """n records b"0", b"1", ... round-robin over the partitions of a new topic."""
+    cluster.admin().create_topic(topic, partitions=partitions, replication_factor=1)
+    with cluster.producer(acks="all", linger_ms=5) as producer:
+        for i in range(n):
+            producer.send(topic, b"%d" % i, partition=i % partitions)
+        producer.flush()
+
+
 def _poll_all(consumer, n: int, columnar: bool, **kw) -> list:
     """(partition, offset, timestamp, key, value, headers) of what poll/poll_columns gives,
     until n rows."""
@@ -417,6 +426,54 @@ def test_poll_columns_refuses_a_consumer_with_a_deserializer(cluster):
                                key_deserializer=bytes.decode)
 
 
+# -- fetching: the next fetch in flight while records are handed out; pause ------------------------
+@pytest.mark.parametrize("columnar", [False, True])
+def test_poll_sends_a_partitions_next_fetch_before_it_returns_its_records(cluster, columnar):
+    """Pipelining: when poll returns records of a partition, the fetch of the records after
+    them is already in flight (sent before the answer was decoded), at the position that
+    follows what was fetched; the records still come exactly once, in order."""
+    topic = f"prefetch-{int(columnar)}"
+    _fill_numbered(cluster, topic, 1, 300)
+    tp = (topic, 0)
+    offsets = []
+    with cluster.consumer(auto_offset_reset="earliest", fetch_max_bytes=2048) as consumer:
+        consumer.assign([tp])
+        got = _poll_all(consumer, 1, columnar=columnar)
+        offsets += [r[1] for r in got]
+        in_flight = consumer._inflight.get(tp)
+        assert in_flight is not None and in_flight.offset == consumer._positions[tp]
+        assert in_flight.offset > offsets[-1]
+        offsets += [r[1] for r in _poll_all(consumer, 300 - len(offsets), columnar=columnar)]
+    assert offsets == list(range(300))
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+def test_a_paused_partition_returns_nothing_until_resumed_even_what_was_fetched(cluster,
+                                                                                columnar):
+    """pause: poll returns no record of the partition (not even ones fetched before the
+    pause, or by a fetch in flight); after resume it goes on from the first offset not
+    returned, so every offset comes exactly once."""
+    topic = f"pause-fetched-{int(columnar)}"
+    _fill_numbered(cluster, topic, 2, 400)
+    seen = []
+    with cluster.consumer(auto_offset_reset="earliest") as consumer:
+        consumer.assign([(topic, 0), (topic, 1)])
+        seen += _poll_all(consumer, 1, columnar=columnar, max_records=5)
+        paused = seen[0][0]          # the rest of its fetch is buffered, its next in flight
+        assert {p for p, *_ in seen} == {paused} and len(seen) == 5
+        consumer.pause((topic, paused))
+        while len([r for r in seen if r[0] != paused]) < 200:
+            got = _poll_all(consumer, 1, columnar=columnar, max_records=50)
+            assert {p for p, *_ in got} == {1 - paused}
+            seen += got
+        assert (consumer.poll_columns if columnar else consumer.poll)(timeout_ms=300) == {}
+        consumer.resume((topic, paused))
+        while len(seen) < 400:
+            seen += _poll_all(consumer, 400 - len(seen), columnar=columnar)
+    for p in (0, 1):
+        assert [r[1] for r in seen if r[0] == p] == list(range(200))
+
+
 def columns_recording(ledger):
     """A process_fn for batch_format pyarrow/pandas: (partition, offset) of each row."""
     def process(batch):
@@ -437,11 +494,7 @@ def test_a_columnar_consumer_group_processes_every_record_and_commits(cluster, b
     offsets reach the log ends."""
     topic = f"columns-group-{batch_format}"
     group_id = f"cols-{batch_format}"
-    cluster.admin().create_topic(topic, partitions=4, replication_factor=1)
-    with cluster.producer(acks="all", linger_ms=5) as producer:
-        for i in range(2000):
-            producer.send(topic, b"%d" % i, partition=i % 4)
-        producer.flush()
+    _fill_numbered(cluster, topic, 4, 2000)
     ledger = Ledger.remote()
     group = cluster.consumer_group(group_id, [topic], 2,
                                    columns_recording(ledger), batch_format=batch_format,

@@ -71,6 +71,9 @@ from .simple_consumer import fetch_remote
 
 ray = raycompat.ray
 log = logging.getLogger(__name__)
+#: How long poll waits on fetches at most before it looks whether the group needs it (a
+#: rebalance the heartbeat heard, a background join that ended).
+GROUP_CHECK_S = 0.05
 _TOPIC_PARTITION = operator.itemgetter(0, 1)      # a Record's (topic, partition)
 _OFFSET = operator.attrgetter("offset")
 
@@ -131,7 +134,8 @@ class _BackgroundJoin:
     """A cooperative rejoin (``GroupMember.join``) on a thread of its own; ``done`` is set
     when it has an outcome, ``result()`` gives the assignment or raises its error."""
 
-    def __init__(self, group, topics, owned, streams, joining: threading.Event):
+    def __init__(self, group, topics, owned, streams, joining: threading.Event,
+                 joined: threading.Event):
         self.owned = list(owned)
         self.done = threading.Event()
         self._outcome = None
@@ -144,6 +148,7 @@ class _BackgroundJoin:
                 self._error = exc
             finally:
                 joining.clear()
+                joined.set()
                 self.done.set()
         threading.Thread(target=run, daemon=True,
                          name=f"raykafka-join-{group.group_id}").start()
@@ -194,6 +199,7 @@ class Consumer:
         self._rejoin = threading.Event()
         self._left = threading.Event()
         self._joining = threading.Event()        # a join is under way: no beats
+        self._join_ended = threading.Event()     # ... and is over: beat again at once
         self._join: _BackgroundJoin | None = None   # a cooperative rejoin under way
         self._last_poll = time.monotonic()
         self._last_auto_commit = time.monotonic()
@@ -360,13 +366,15 @@ class Consumer:
             self._joining.set()
             if background:
                 self._join = _BackgroundJoin(self._group, self._group_topics, owned,
-                                             self._join_streams(), self._joining)
+                                             self._join_streams(), self._joining,
+                                             self._join_ended)
                 continue
             try:
                 new = self._group.join(self._group_topics, owned=owned,
                                        streams=self._join_streams())
             finally:
                 self._joining.clear()
+                self._join_ended.set()
                 self._last_poll = time.monotonic()
             self._joined(owned, new)
 
@@ -410,7 +418,10 @@ class Consumer:
             steady = not (self._rejoin.is_set() or not group.member_id
                           or self._left.is_set() or self._joining.is_set())
             if not steady:
-                time.sleep(min(interval_s, 0.1))
+                # the first beat after a join goes out as soon as it ends: a rebalance
+                # that starts right after is heard at once, not a sleep later
+                self._join_ended.wait(min(interval_s, 0.1))
+                self._join_ended.clear()
                 if (self._closed or not group.member_id or self._left.is_set()
                         or self._joining.is_set()):
                     continue
@@ -489,6 +500,21 @@ class Consumer:
             tp = tuple(tp)
             self._require_assigned(tp)
             self._paused.add(tp)
+            self._unfetch(tp)
+
+    def _unfetch(self, tp) -> None:
+        """Forget what was fetched of ``tp`` and not returned yet (its fetch in flight, its
+        buffered records): a paused partition returns nothing until resumed, and what was
+        buffered is fetched again from its first offset then."""
+        self._inflight.pop(tp, None)
+        first = next((r.offset for r in self._buffer if (r.topic, r.partition) == tp), None)
+        if first is None:
+            first = next((t.column("offset")[0].as_py() for c, t in self._chunks if c == tp),
+                         None)
+        if first is not None:
+            self._positions[tp] = first
+            self._buffer = [r for r in self._buffer if (r.topic, r.partition) != tp]
+            self._chunks = [c for c in self._chunks if c[0] != tp]
 
     def resume(self, *partitions) -> None:
         for tp in partitions:
@@ -654,6 +680,14 @@ class Consumer:
             self._positions[tp] = offset
             self._inflight.pop(tp, None)     # its answer would be for a later position
 
+    def _group_waits(self) -> bool:
+        """The group needs poll's thread: a rejoin is owed or a background join ended."""
+        if self._group is None or not self._subscribed():
+            return False
+        if self._join is not None:
+            return self._join.done.is_set()
+        return self._rejoin.is_set() or self._left.is_set()
+
     def _has_data(self) -> bool:
         return bool(self._chunks) if self._columnar else bool(self._buffer)
 
@@ -677,8 +711,10 @@ class Consumer:
         limit = max_records or self.config["max_poll_records"]
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         while not self._has_data():
-            if self._join is not None and self._join.done.is_set():
-                self._ensure_group()         # the new assignment, without waiting out poll
+            if self._group_waits():
+                # a rebalance started (the heartbeat heard it) or a background join ended:
+                # joined now, not after this poll's timeout
+                self._ensure_group()
             left_ms = int(max(deadline - time.monotonic(), 0) * 1000)
             self._fetch_round(min(left_ms, self.config["fetch_max_wait_ms"]), deadline)
             if self._has_data() or time.monotonic() >= deadline:
@@ -740,6 +776,8 @@ class Consumer:
         earlier poll, stay in flight)."""
         sent = self._send_fetches(max_wait_ms)
         while self._inflight and not self._has_data():
+            if self._group_waits():
+                return                       # poll joins first; the fetches stay in flight
             now = time.monotonic()
             for tp, f in list(self._inflight.items()):
                 if now >= f.expires_s:
@@ -754,7 +792,10 @@ class Consumer:
             until = min(min(f.expires_s for f in self._inflight.values()),
                         max(deadline_s, min(owed, default=deadline_s)))
             refs = {f.ref: tp for tp, f in self._inflight.items()}
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=max(until - now, 0))
+            wait_s = max(until - now, 0)
+            if self._group is not None:
+                wait_s = min(wait_s, GROUP_CHECK_S)   # a rebalance is not waited out
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=wait_s)
             for ref in ready:
                 tp = refs[ref]
                 sent.discard(tp)
@@ -779,15 +820,32 @@ class Consumer:
                     # gone must not hold up poll (the group's rejoin, the other
                     # partitions) for default_api_timeout_ms; it is retried from backoff
                     offset = self._start_position(tp)
-                leader = self.metadata.leader(*tp)
-                ref = fetch_remote(leader.handle, offset, self.config["fetch_max_bytes"],
-                                   max_wait_ms, self.config["fetch_min_bytes"])
+                self._inflight[tp] = self._fetch_at(tp, offset, max_wait_ms, expires_s)
             except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
                 self._failed(tp, exc)
                 continue
-            self._inflight[tp] = _InFlight(offset, ref, expires_s)
             sent.add(tp)
         return sent
+
+    def _fetch_at(self, tp, offset: int, max_wait_ms: int, expires_s: float) -> _InFlight:
+        leader = self.metadata.leader(*tp)
+        ref = fetch_remote(leader.handle, offset, self.config["fetch_max_bytes"],
+                           max_wait_ms, self.config["fetch_min_bytes"])
+        return _InFlight(offset, ref, expires_s)
+
+    def _prefetch(self, tp, offset: int) -> _InFlight | None:
+        """The next fetch of ``tp`` (at ``offset``, a long poll), sent while the answer in
+        hand is decoded and handed out, so the leader reads while this process works (the
+        Java consumer's pipelining); None where no fetch may go now. Never raises: a
+        failure is met again by the next round's own fetch."""
+        if tp in self._paused or tp not in self._positions:
+            return None
+        wait_ms = self.config["fetch_max_wait_ms"]
+        expires_s = time.monotonic() + (self.config["request_timeout_ms"] + wait_ms) / 1000
+        try:
+            return self._fetch_at(tp, offset, wait_ms, expires_s)
+        except Exception:  # noqa: BLE001 - see above
+            return None
 
     def _take(self, tp, fetch: _InFlight) -> None:
         """The answer to ``fetch`` (ready): its records into the buffer, or its error
@@ -807,11 +865,19 @@ class Consumer:
         self._backoffs.pop(tp, None)
         if self._positions.get(tp) != fetch.offset:
             return                             # sought elsewhere meanwhile
+        # the next fetch goes out before this answer is decoded; it stands only once the
+        # decode succeeded (a corrupt batch must not be skipped by a position moved past it)
+        following = _next_offset(result.data)
+        ahead = None
+        if following is not None and following > fetch.offset:
+            ahead = self._prefetch(tp, following)
         if self._columnar:
             table = _columns(tp, fetch.offset, result.data)
             if table.num_rows:
                 self._chunks.append((tp, table))
-                self._positions[tp] = table.column("offset")[-1].as_py() + 1
+                self._advance(tp, table.column("offset")[-1].as_py() + 1, following, ahead)
+            else:
+                self._advance(tp, fetch.offset, following, ahead)
             return
         recs = decode_records(result.data)
         # the first batch may start before the offset asked for (offsets increase)
@@ -819,6 +885,8 @@ class Consumer:
         if first:
             recs = recs[first:]
         if not recs:
+            # batches with no record at or after the offset (an empty answer: no move)
+            self._advance(tp, fetch.offset, following, ahead)
             return
         kd, vd = self.config["key_deserializer"], self.config["value_deserializer"]
         if kd is None and vd is None:
@@ -840,7 +908,20 @@ class Consumer:
                     tp[0], tp[1], r.offset, r.timestamp, r.timestamp_type,
                     kd(r.key) if kd and r.key is not None else r.key,
                     vd(r.value) if vd and r.value is not None else r.value, r.headers))
-        self._positions[tp] = recs[-1].offset + 1
+        self._advance(tp, recs[-1].offset + 1, following, ahead)
+
+    def _advance(self, tp, after_last: int, following: int | None,
+                 ahead: _InFlight | None) -> None:
+        """The position of ``tp`` after a decoded answer: past its batches (``following``,
+        from their headers: records a compaction removed from a batch's end are not asked
+        for again), or past its last record (``after_last``) where the headers did not
+        say; the prefetch ``ahead`` (sent for ``following``) stands if that is the
+        position."""
+        position = following if following is not None and following >= after_last \
+            else after_last
+        self._positions[tp] = position
+        if ahead is not None and ahead.offset == position:
+            self._inflight[tp] = ahead
 
     def _failed(self, tp, exc: BaseException) -> None:
         """A fetch of ``tp`` failed with ``exc`` (as raised): put the partition in backoff
@@ -960,6 +1041,19 @@ class Consumer:
     def __exit__(self, *exc):
         self.close()
 
+
+
+def _next_offset(data) -> int | None:
+    """The offset after the last batch of a fetch answer (from the batch headers; None when
+    it holds none or they do not parse: the decode reports that)."""
+    from storage.records import iter_headers
+    last = None
+    try:
+        for last in iter_headers(data, check_crc=False):
+            pass
+    except Exception:  # noqa: BLE001 - see above
+        return None
+    return None if last is None else last.next_offset
 
 
 def _columns(tp, offset: int, data):
