@@ -591,7 +591,9 @@ def test_a_waiting_heartbeat_is_answered_as_soon_as_a_rebalance_starts(cluster):
     """Heartbeats are long polls: in a Stable group one waits at the coordinator for its
     wait_ms, and one waiting when another member's join starts a rebalance is answered at
     once (False: rejoin), not at the end of its wait."""
-    a = member(cluster, group="beats")
+    # a 20 s session: the coordinator waits up to half the session, so 8 s is not cut
+    a = GroupMember(cluster.metadata, "beats", session_timeout_ms=20_000,
+                    rebalance_timeout_ms=10_000)
     a.join(["ev"])
     started = time.monotonic()
     assert a.heartbeat(wait_ms=400) and time.monotonic() - started >= 0.35
@@ -610,4 +612,27 @@ def test_a_waiting_heartbeat_is_answered_as_soon_as_a_rebalance_starts(cluster):
     assert answer["current"] is False and answer["after_s"] < 4, answer
     a.leave()                 # b's join completes without a
     joiner.join(timeout=60)
+    b.leave()
+
+
+def test_a_beat_waits_at_most_half_the_session_and_a_member_dead_meanwhile_expires_on_time(
+        cluster):
+    """The session is refreshed when a beat arrives, not when its long poll answers, and
+    the wait is cut to half the member's session: a member that goes silent after a waiting
+    beat is expired one session after that beat arrived (not a wait later)."""
+    a = GroupMember(cluster.metadata, "dies-waiting", session_timeout_ms=4000,
+                    rebalance_timeout_ms=10_000)
+    b = GroupMember(cluster.metadata, "dies-waiting", session_timeout_ms=20_000,
+                    rebalance_timeout_ms=10_000)
+    join_all([a, b])
+    sent = time.monotonic()
+    assert a.heartbeat(wait_ms=8000)              # a's last beat: waits 2 s, not 8
+    assert 1.5 <= time.monotonic() - sent < 6
+    expired_after = None
+    while time.monotonic() - sent < 30:
+        if not b.heartbeat(wait_ms=500):           # False: a rebalance (a expired)
+            expired_after = time.monotonic() - sent
+            break
+    # refreshed when the beat answered, a would go at 2 + 4 = 6 s at the earliest
+    assert expired_after is not None and expired_after < 5.5, expired_after
     b.leave()

@@ -305,20 +305,23 @@ class GroupCoordinator:
         long poll, as fetches are: while the group stays Stable the answer waits up to
         ``wait_ms`` (at most MAX_HEARTBEAT_WAIT_MS), and comes at once when a rebalance
         starts, so members learn of it in a round trip instead of at their next beat.
-        The member's session is refreshed when the heartbeat arrives and when it
-        answers."""
+        The member's session is refreshed when the heartbeat arrives, not when it answers:
+        a member that died while its beat waited gains nothing from the wait (its
+        partitions move one session after its last beat arrived). The wait is at most half
+        the member's session, so a live member's next beat comes well within it."""
         self._owner(group_id)
-        self.logic.heartbeat(group_id, member_id, generation)
+        session_ms = self.logic.heartbeat(group_id, member_id, generation)
         if not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms <= 0:
             return
         self._loop = asyncio.get_running_loop()
         event = self._rebalancing.setdefault(group_id, asyncio.Event())
         try:
-            await asyncio.wait_for(event.wait(), min(wait_ms, MAX_HEARTBEAT_WAIT_MS) / 1000)
+            await asyncio.wait_for(
+                event.wait(), min(wait_ms, MAX_HEARTBEAT_WAIT_MS, session_ms // 2) / 1000)
         except asyncio.TimeoutError:
             pass
         self._owner(group_id)
-        self.logic.heartbeat(group_id, member_id, generation)
+        self.logic.heartbeat(group_id, member_id, generation, refresh=False)
 
     def _rebalance_started(self, group) -> None:
         """GroupLogic's hook: wake the heartbeats waiting on the group."""

@@ -376,13 +376,18 @@ class GroupLogic:
         return future
 
     # -- Heartbeat, LeaveGroup ----------------------------------------------------------------------
-    def heartbeat(self, group_id: str, member_id: str, generation: int) -> None:
-        """Raises the typed error the member must act on (RebalanceInProgressError: rejoin)."""
+    def heartbeat(self, group_id: str, member_id: str, generation: int, *,
+                  refresh: bool = True) -> int:
+        """Raises the typed error the member must act on (RebalanceInProgressError: rejoin);
+        else refreshes the member's session (unless ``refresh`` is False: a check only) and
+        returns its session timeout (ms)."""
         with self.lock:
             group, member = self._check_member(group_id, member_id, generation)
-            member.last_heartbeat_ms = self.clock()
+            if refresh:
+                member.last_heartbeat_ms = self.clock()
             if group.state == GroupState.PREPARING_REBALANCE:
                 raise RebalanceInProgressError(f"group {group_id!r} is rebalancing: rejoin")
+            return member.session_timeout_ms
 
     def leave(self, group_id: str, member_id: str) -> None:
         with self.lock:
