@@ -140,7 +140,7 @@ def _coordinator_owners(cluster, group: str) -> dict | None:
 def test_three_member_actors_share_twelve_partitions_and_survive_a_killed_member(cluster):
     """Three member actors consume a 12-partition topic under a producer: every partition
     has exactly one owner (coordinator's view), killing a member moves its partitions to
-    the others within session_timeout_ms + a rebalance, every acknowledged record is
+    the others within session_timeout_ms + 1 s, every acknowledged record is
     processed at least once, and duplicates stay within one poll batch per partition."""
     cluster.admin().create_topic("work", partitions=PARTITIONS, replication_factor=1)
     ledger = Ledger.remote()
@@ -183,9 +183,9 @@ def test_three_member_actors_share_twelve_partitions_and_survive_a_killed_member
         wait_until(lambda: (lambda o: len(o) == PARTITIONS and len(set(o.values())) == 2)(
             _zk_owners(cluster, "workers", "work", PARTITIONS)), timeout_s=30,
             what="the registry shows the two survivors owning every partition")
-        # session timeout, then one rebalance: the survivors rejoin at their next
-        # heartbeat (0.3 s) and the join completes; slack for a loaded 2-core machine
-        assert took <= SESSION_MS / 1000 + 2.0, f"partitions moved only after {took:.1f}s"
+        # the issue's bound: session timeout (counted from the victim's last beat, before
+        # the kill) + 1 s for the rebalance (the survivors' waiting beats hear of it at once)
+        assert took <= SESSION_MS / 1000 + 1.0, f"partitions moved only after {took:.1f}s"
         time.sleep(1.0)   # the writer goes on for a moment under the new generation
     finally:
         acked = writer.stop()

@@ -587,6 +587,20 @@ def test_a_partition_whose_leader_is_gone_does_not_hold_up_poll(cluster):
         cluster.start_broker(dead)
 
 
+def waiting_beat(m: GroupMember, wait_ms: int):
+    """A heartbeat of ``m`` with ``wait_ms`` on a thread; (thread, answer): answer gets
+    "current" (its result) and "after_s" (how long it took)."""
+    answer = {}
+
+    def beat():
+        t0 = time.monotonic()
+        answer["current"] = m.heartbeat(wait_ms=wait_ms)
+        answer["after_s"] = time.monotonic() - t0
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    return thread, answer
+
+
 def test_a_waiting_heartbeat_is_answered_as_soon_as_a_rebalance_starts(cluster):
     """Heartbeats are long polls: in a Stable group one waits at the coordinator for its
     wait_ms, and one waiting when another member's join starts a rebalance is answered at
@@ -597,14 +611,7 @@ def test_a_waiting_heartbeat_is_answered_as_soon_as_a_rebalance_starts(cluster):
     a.join(["ev"])
     started = time.monotonic()
     assert a.heartbeat(wait_ms=400) and time.monotonic() - started >= 0.35
-    answer = {}
-
-    def beat():
-        t0 = time.monotonic()
-        answer["current"] = a.heartbeat(wait_ms=8000)
-        answer["after_s"] = time.monotonic() - t0
-    waiting = threading.Thread(target=beat, daemon=True)
-    waiting.start()
+    waiting, answer = waiting_beat(a, 8000)
     b = member(cluster, group="beats")
     joiner = threading.Thread(target=lambda: b.join(["ev"]), daemon=True)
     joiner.start()
@@ -636,3 +643,24 @@ def test_a_beat_waits_at_most_half_the_session_and_a_member_dead_meanwhile_expir
     # refreshed when the beat answered, a would go at 2 + 4 = 6 s at the earliest
     assert expired_after is not None and expired_after < 5.5, expired_after
     b.leave()
+
+
+def test_a_waiting_beat_is_not_answered_when_another_offsets_partition_changes(cluster):
+    """A notice about an offsets partition other than the group's (as a LeaderAndIsr naming
+    the coordinator's broker a follower of another partition is) leaves the group's waiting
+    heartbeat waiting: only a change of the group's own partition sends it looking for a
+    new coordinator."""
+    a = GroupMember(cluster.metadata, "beats-scoped", session_timeout_ms=20_000,
+                    rebalance_timeout_ms=10_000)
+    a.join(["ev"])
+    coordinator = a.coordinator()
+    waiting, answer = waiting_beat(a, 3000)
+    wait_until(lambda: ray.get(coordinator.__ray_call__.remote(
+        lambda self: "beats-scoped" in self._rebalancing)), timeout_s=10, interval_s=0.02,
+        what="the beat waiting at the coordinator")
+    # a partition number no group maps to: nothing of this group's changes
+    ray.get(coordinator.partitions_changed.remote(
+        CONFIG["offsets.topic.num.partitions"], [(99, False, 0)]))
+    waiting.join(timeout=30)
+    assert answer["current"] is True and answer["after_s"] >= 2.5, answer
+    a.leave()

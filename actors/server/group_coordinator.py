@@ -156,9 +156,12 @@ class GroupCoordinator:
                 self._unload(partition)
 
     def _unload(self, partition: int) -> None:
-        for event in self._rebalancing.values():     # waiting beats: find the new one
-            event.set()
-        self._rebalancing.clear()
+        # the waiting beats of the partition's groups answer (they look for the new
+        # coordinator); those of other groups wait on: a LeaderAndIsr naming this broker a
+        # follower of another offsets partition (an ISR change) says nothing about them
+        for group_id in [g for g in self._rebalancing if not self.num_partitions
+                         or offsets_partition(g, self.num_partitions) == partition]:
+            self._rebalancing.pop(group_id).set()
         self.partitions.pop(partition, None)
         self._leader_epochs.pop(partition, None)
         self.cache.unload(partition)
