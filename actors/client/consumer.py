@@ -60,14 +60,15 @@ import logging
 import threading
 
 from .. import raycompat
-from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
-                      OffsetOutOfRangeError, UnknownTopicOrPartitionError)
+from ..errors import (CorruptRecordError, IllegalArgumentError, IllegalStateError,
+                      InvalidConfigurationError, OffsetOutOfRangeError,
+                      UnknownTopicOrPartitionError)
 from . import streams as _streams
 from ..protocol import unwrap
 from .config import positive_int, validate_config
 from .group import GroupMember
 from .retry import RetryPolicy, final_error
-from .simple_consumer import fetch_remote
+from .simple_consumer import fetch_remote, next_fetch_offset
 
 ray = raycompat.ray
 log = logging.getLogger(__name__)
@@ -500,21 +501,25 @@ class Consumer:
             tp = tuple(tp)
             self._require_assigned(tp)
             self._paused.add(tp)
-            self._unfetch(tp)
+            self._unfetch({tp})
 
-    def _unfetch(self, tp) -> None:
-        """Forget what was fetched of ``tp`` and not returned yet (its fetch in flight, its
-        buffered records): a paused partition returns nothing until resumed, and what was
-        buffered is fetched again from its first offset then."""
-        self._inflight.pop(tp, None)
-        first = next((r.offset for r in self._buffer if (r.topic, r.partition) == tp), None)
-        if first is None:
-            first = next((t.column("offset")[0].as_py() for c, t in self._chunks if c == tp),
-                         None)
-        if first is not None:
-            self._positions[tp] = first
-            self._buffer = [r for r in self._buffer if (r.topic, r.partition) != tp]
-            self._chunks = [c for c in self._chunks if c[0] != tp]
+    def _unfetch(self, tps: set) -> None:
+        """Forget what was fetched of ``tps`` and not returned yet (their fetches in flight,
+        their buffered records or Tables), each partition re-positioned at its first
+        buffered offset, so that it is fetched again from there."""
+        first: dict = {}
+        for r in self._buffer:
+            if (r.topic, r.partition) in tps:
+                first.setdefault((r.topic, r.partition), r.offset)
+        for tp, table in self._chunks:
+            if tp in tps:
+                first.setdefault(tp, table.column("offset")[0].as_py())
+        if first:
+            self._buffer = [r for r in self._buffer if (r.topic, r.partition) not in first]
+            self._chunks = [c for c in self._chunks if c[0] not in first]
+            self._positions.update(first)
+        for tp in tps:
+            self._inflight.pop(tp, None)      # its answer would be for a later position
 
     def resume(self, *partitions) -> None:
         for tp in partitions:
@@ -670,15 +675,8 @@ class Consumer:
         if columnar == self._columnar:
             return
         self._columnar = columnar
-        first: dict = {}
-        for r in self._buffer:
-            first.setdefault((r.topic, r.partition), r.offset)
-        for tp, table in self._chunks:
-            first.setdefault(tp, table.column("offset")[0].as_py())
-        self._buffer, self._chunks = [], []
-        for tp, offset in first.items():
-            self._positions[tp] = offset
-            self._inflight.pop(tp, None)     # its answer would be for a later position
+        self._unfetch({(r.topic, r.partition) for r in self._buffer}
+                      | {tp for tp, _ in self._chunks})
 
     def _group_waits(self) -> bool:
         """The group needs poll's thread: a rejoin is owed or a background join ended."""
@@ -838,8 +836,6 @@ class Consumer:
         hand is decoded and handed out, so the leader reads while this process works (the
         Java consumer's pipelining); None where no fetch may go now. Never raises: a
         failure is met again by the next round's own fetch."""
-        if tp in self._paused or tp not in self._positions:
-            return None
         wait_ms = self.config["fetch_max_wait_ms"]
         expires_s = time.monotonic() + (self.config["request_timeout_ms"] + wait_ms) / 1000
         try:
@@ -867,7 +863,10 @@ class Consumer:
             return                             # sought elsewhere meanwhile
         # the next fetch goes out before this answer is decoded; it stands only once the
         # decode succeeded (a corrupt batch must not be skipped by a position moved past it)
-        following = _next_offset(result.data)
+        try:
+            following = next_fetch_offset(result.data)
+        except CorruptRecordError:
+            following = None                   # the decode below reports it
         ahead = None
         if following is not None and following > fetch.offset:
             ahead = self._prefetch(tp, following)
@@ -1041,19 +1040,6 @@ class Consumer:
     def __exit__(self, *exc):
         self.close()
 
-
-
-def _next_offset(data) -> int | None:
-    """The offset after the last batch of a fetch answer (from the batch headers; None when
-    it holds none or they do not parse: the decode reports that)."""
-    from storage.records import iter_headers
-    last = None
-    try:
-        for last in iter_headers(data, check_crc=False):
-            pass
-    except Exception:  # noqa: BLE001 - see above
-        return None
-    return None if last is None else last.next_offset
 
 
 def _columns(tp, offset: int, data):

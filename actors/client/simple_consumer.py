@@ -36,7 +36,7 @@ import time
 import numpy as np
 import ray
 
-from storage.records import decode_columns, decode_records
+from storage.records import decode_columns, decode_records, iter_headers
 
 from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
 from ..types import Record
@@ -55,6 +55,16 @@ DEFAULT_CONFIG = {
 }
 
 DEFAULT_FETCH_MAX_BYTES = 1048576
+
+
+def next_fetch_offset(data) -> int | None:
+    """The offset after the last batch of a fetch answer, read from the batch headers (CRCs
+    are left to the decode): where the next fetch of the partition starts. None when the
+    answer holds no batch; CorruptRecordError when the headers do not parse."""
+    last = None
+    for last in iter_headers(data, check_crc=False):
+        pass
+    return None if last is None else last.next_offset
 
 
 def fetch_remote(handle, offset: int, max_bytes: int, max_wait_ms: int = 0,
@@ -129,7 +139,6 @@ class SimpleConsumer:
         from the batch headers) before the current answer is decoded, so fetching and
         decoding overlap. Stale leaders are retried as in ``fetch``.
         """
-        from storage.records import iter_headers
         parts = list(self.metadata.partitions_for(topic) if partitions is None else partitions)
         start = {p: (start_offsets or {}).get(p) for p in parts}
         end = {p: (end_offsets or {}).get(p) for p in parts}
@@ -162,13 +171,11 @@ class SimpleConsumer:
                     raise final_error(exc) from None
                 self.metadata.invalidate(topic)
                 data = self._fetch(topic, p, offset, max_bytes).data
-            last = None
-            for last in iter_headers(data, check_crc=False):
-                pass
-            if last is None:
+            following = next_fetch_offset(data)
+            if following is None:
                 raise KafkaTimeoutError(f"{topic}-{p}: empty fetch at offset {offset} before "
                                         f"the end offset {end[p]} (records deleted?)")
-            pos[p] = last.next_offset
+            pos[p] = following
             issue(p)
             table = _table(offset, data)
             if pos[p] > end[p]:
