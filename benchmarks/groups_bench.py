@@ -246,12 +246,23 @@ def _wait(predicate, timeout_s: float, what: str):
 
 def _owners(group) -> dict | None:
     """{member name: set of partitions} when the running members own every partition
-    exactly once; else None."""
+    exactly once and hold what the coordinator assigned them (no handover pending: a
+    member still giving a partition up owns it until it has); else None."""
     stats = group.stats()["members"]
     owned = {n: {p for _, p in m["assignment"]} for n, m in stats.items()
              if m.get("state") == "running"}
     everything = sorted(p for ps in owned.values() for p in ps)
-    return owned if everything == list(range(PARTITIONS)) else None
+    if everything != list(range(PARTITIONS)):
+        return None
+    from actors.client.group import GroupMember
+    try:      # the coordinator's own view (Admin.describe_group adds lags, ZooKeeper)
+        described = GroupMember(group.cluster.metadata, group.group_id)._call(
+            "describe_group", group.group_id)
+    except Exception:  # noqa: BLE001 - the coordinator is busy: not settled yet
+        return None
+    assigned = sorted(sorted(p for _, p in m["assignment"] or ())
+                      for m in described["members"].values())
+    return owned if assigned == sorted(sorted(ps) for ps in owned.values()) else None
 
 
 def _live_group(cluster, name: str, strategy: str, members: int, consumer_config: dict):

@@ -249,8 +249,8 @@ def test_cooperative_sticky_revokes_only_the_partitions_that_move(cluster):
                                 partition_assignment_strategy="cooperative-sticky",
                                 session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300,
                                 auto_offset_reset="earliest") as group:
-        # KIP-429 takes two rounds when the second member joins (the first member gives
-        # up what moves, then the second gets it): wait for both
+        # the second member's partitions are handed over by the first once it gave them
+        # up: wait until the coordinator's view and the members' agree
         wait_until(lambda: (lambda o: o and o["members"] == 2 and len(o["owners"]) == 6)(
             _coordinator_owners(cluster, "coop")), timeout_s=60,
             what="2 members owning the 6 partitions")
@@ -260,8 +260,9 @@ def test_cooperative_sticky_revokes_only_the_partitions_that_move(cluster):
         assert all(len(tps) == 3 for tps in before.values()), before
         seen_before = {n: len(m["rebalances"]) for n, m in first.items()}
         group.scale(3)
-        wait_until(lambda: _settled(group, "coop", 6, 3), timeout_s=60,
-                   what="3 members own every partition")
+        # the newcomer's two partitions come from two owners, each handing its own over
+        wait_until(lambda: (lambda o: o and all(len(tps) == 2 for tps in o.values()))(
+            _settled(group, "coop", 6, 3)), timeout_s=60, what="3 members own 2 each")
         after = group.stats()["members"]
         newcomer = (set(after) - set(before)).pop()
         assert len(after[newcomer]["assignment"]) == 2

@@ -253,3 +253,77 @@ def test_a_group_reports_becoming_stable_and_becoming_empty(clock):
     other = GroupLogic(clock)
     other.restore("g", snap)
     assert other.describe("g")["state"] == "Empty"
+
+
+def handover_pair(logic):
+    """Two members of a stable generation in which the leader hands ("t", 1) over to the
+    follower: (leader id, follower id, generation)."""
+    a, b = stable_pair(logic)
+    join_a = join(logic, a)             # the leader rejoins: a rebalance
+    join(logic, b).result(0)
+    a3 = join_a.result(0)
+    fb = logic.sync("g", b, a3.generation)
+    logic.sync("g", a, a3.generation, {a: [("t", 0)], b: [("t", 1)]},
+               handover={a: [("t", 1)]}).result(0)
+    assert fb.result(0) == [("t", 1)]
+    return a, b, a3.generation
+
+
+def test_a_handed_over_partition_is_claimed_only_after_its_old_owner_releases_it(logic):
+    """Handover: the follower's claim of a partition the leader still has to release
+    answers nothing, another member's release changes nothing, and the old owner's
+    release makes the claim answer it; the generation can be stored only then (on_stable
+    is called again)."""
+    stored = []
+    logic.on_stable = lambda g: stored.append(g.generation)
+    a, b, gen = handover_pair(logic)
+    assert logic.snapshot("g") is None           # on_stable's store has nothing to write
+    stored.clear()
+    assert logic.claim("g", b, gen, [("t", 1)]) == []
+    assert logic.release("g", b, gen, [("t", 1)]) == []
+    assert logic.claim("g", b, gen, [("t", 1)]) == []
+    assert logic.release("g", a, gen, [("t", 1)]) == [("t", 1)]
+    assert logic.claim("g", b, gen, [("t", 1)]) == [("t", 1)]
+    assert stored == [gen] and logic.snapshot("g")["generation"] == gen
+
+
+def test_a_rebalance_voids_pending_handovers_and_their_claims(logic):
+    """A rebalance starting (here a third member) drops what is pending: a claim answers
+    RebalanceInProgress (its member rejoins) and a late release frees nothing."""
+    a, b, gen = handover_pair(logic)
+    join(logic)
+    with pytest.raises(RebalanceInProgressError):
+        logic.claim("g", b, gen, [("t", 1)])
+    assert logic.pending("g") == {}
+    assert logic.release("g", a, gen, [("t", 1)]) == []
+
+
+def test_a_claim_or_release_of_an_older_generation_is_refused(logic):
+    """Claims and releases carry the generation: one of another generation is refused."""
+    a, b, gen = handover_pair(logic)
+    with pytest.raises(IllegalGenerationError):
+        logic.claim("g", b, gen - 1, [("t", 1)])
+    with pytest.raises(IllegalGenerationError):
+        logic.release("g", a, gen - 1, [("t", 1)])
+    assert logic.pending("g") == {("t", 1): a}
+
+
+def test_a_static_member_restarting_frees_what_its_old_instance_had_to_hand_over(logic):
+    """KIP-345 meets the handover: a static member that restarts (a new member id, no
+    rebalance) before releasing a partition will never release it; its restart frees
+    it, so the new owner's claim gets it."""
+    first = join(logic, instance="i1").result(0)
+    logic.sync("g", first.member_id, 1, {first.member_id: [("t", 0), ("t", 1)]}).result(0)
+    other_join = join(logic)
+    again = join(logic, first.member_id, protocols=(("range", b"m2"),), instance="i1")
+    other, mine = other_join.result(0), again.result(0)
+    gen = mine.generation
+    fo = logic.sync("g", other.member_id, gen)
+    logic.sync("g", first.member_id, gen,
+               {first.member_id: [("t", 0)], other.member_id: [("t", 1)]},
+               handover={first.member_id: [("t", 1)]}).result(0)
+    assert fo.result(0) == [("t", 1)]
+    assert logic.claim("g", other.member_id, gen, [("t", 1)]) == []
+    restarted = join(logic, instance="i1", protocols=(("range", b"m2"),)).result(0)
+    assert restarted.generation == gen and logic.describe("g")["state"] == "Stable"
+    assert logic.claim("g", other.member_id, gen, [("t", 1)]) == [("t", 1)]

@@ -444,6 +444,8 @@ def test_a_cooperative_member_keeps_consuming_what_it_keeps_while_the_group_reba
                                 session_timeout_ms=SESSION_MS, heartbeat_interval_ms=200)
     silent = GroupMember(cluster.metadata, group, strategy="cooperative-sticky",
                          session_timeout_ms=10_000, rebalance_timeout_ms=10_000)
+    late = GroupMember(cluster.metadata, group, strategy="cooperative-sticky",
+                       session_timeout_ms=10_000, rebalance_timeout_ms=30_000)
     producer = cluster.producer(acks="all")
     joined = {}
     try:
@@ -451,16 +453,20 @@ def test_a_cooperative_member_keeps_consuming_what_it_keeps_while_the_group_reba
         wait_until(lambda: consumer.poll(timeout_ms=100) is not None
                    and len(consumer.assignment()) == 2, timeout_s=60, what="both partitions")
         joiner = threading.Thread(target=lambda: joined.update(
-            first=silent.join(["coop-live"])), daemon=True)
+            silent=silent.join(["coop-live"])), daemon=True)
         joiner.start()
+        # the silent member takes a partition from the consumer (a handover) and then
+        # never beats again: the next rebalance waits for it until its session ends (10 s)
+        wait_until(lambda: consumer.poll(timeout_ms=100) is not None and "silent" in joined
+                   and len(consumer.assignment()) == 1, timeout_s=30, interval_s=0,
+                   what="one partition handed to the silent member")
+        threading.Thread(target=lambda: joined.update(late=late.join(["coop-live"])),
+                         daemon=True).start()
 
-        # round 1 takes a partition from the consumer (it revokes it and rejoins: round 2,
-        # which waits for the silent member until its session times out, 10 s)
-        def round_two_waiting():
+        def rebalance_waiting():
             consumer.poll(timeout_ms=100)
-            return ("first" in joined and len(consumer.assignment()) == 1
-                    and admin.describe_group(group)["state"] == "PreparingRebalance")
-        wait_until(round_two_waiting, timeout_s=30, interval_s=0,
+            return admin.describe_group(group)["state"] == "PreparingRebalance"
+        wait_until(rebalance_waiting, timeout_s=30, interval_s=0,
                    what="a rebalance waiting for the silent member")
         (kept,) = consumer.assignment()
         for _ in range(5):
@@ -473,13 +479,161 @@ def test_a_cooperative_member_keeps_consuming_what_it_keeps_while_the_group_reba
                 got += [r for r in recs if r.value == b"during"]
         assert len(got) == 5
         assert admin.describe_group(group)["state"] == "PreparingRebalance"
-        # the silent member is dropped at its session timeout: the consumer has both again
-        wait_until(lambda: consumer.poll(timeout_ms=100) is not None
-                   and len(consumer.assignment()) == 2, timeout_s=60,
-                   what="both partitions back")
+        # the silent member is dropped at its session timeout: the rebalance completes,
+        # the consumer keeping its partition and the late member getting the other
+        wait_until(lambda: consumer.poll(timeout_ms=100) is not None and "late" in joined,
+                   timeout_s=60, what="the rebalance completed")
+        assert consumer.assignment() == {kept}
+        assert [tuple(tp) for tp in joined["late"]] == [("coop-live", 1 - kept[1])]
     finally:
         producer.close()
         consumer.close()
+        late.leave()
+
+
+class Poller:
+    """Polls a consumer on a thread of its own, as an application does, recording
+    (partition, offset) of every record it returns."""
+
+    def __init__(self, consumer):
+        self.consumer = consumer
+        self.got: list[tuple[int, int]] = []
+        self.stop = threading.Event()
+        self.errors: list = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                for recs in self.consumer.poll(timeout_ms=100).values():
+                    self.got += [(r.partition, r.offset) for r in recs]
+            except Exception as exc:  # noqa: BLE001 - reported by the test
+                self.errors.append(exc)
+                time.sleep(0.1)
+
+    def offsets(self, partition: int) -> list[int]:
+        return [o for p, o in self.got if p == partition]
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self.consumer.close()
+
+
+def _handover_topic(cluster, name: str, per_partition: int):
+    cluster.admin().create_topic(name, partitions=2, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        for i in range(per_partition):
+            for p in (0, 1):
+                producer.send(name, b"%d" % i, partition=p)
+        producer.flush()
+    return dict(group_id=name, auto_offset_reset="earliest", session_timeout_ms=SESSION_MS,
+                heartbeat_interval_ms=200, partition_assignment_strategy="cooperative-sticky")
+
+
+def _first_member(cluster, conf: dict, listener) -> Poller:
+    """The group's first consumer, polling on its thread, once it returned all 20."""
+    consumer = cluster.consumer(**conf)
+    consumer.subscribe([conf["group_id"]], listener=listener)
+    poller = Poller(consumer)
+    try:
+        wait_until(lambda: len(poller.got) == 20, timeout_s=60, what="the first member's 20")
+    except BaseException:
+        poller.close()
+        raise
+    return poller
+
+
+def test_a_cooperative_move_takes_one_generation_and_resumes_at_the_old_owners_commit(
+        cluster):
+    """cooperative-sticky with the handover: a member joining gets the partition that
+    moves to it in the generation of its join (one JoinGroup round; KIP-429 takes two)
+    and reads it on from the offset its old owner committed when it gave it up."""
+    admin = cluster.admin()
+    conf = _handover_topic(cluster, "handover", 10)
+    first, second = Listener(), Listener()
+    pa = _first_member(cluster, conf, first)
+    a, pb = pa.consumer, None
+    try:
+        generation = admin.describe_group("handover")["generation"]
+        b = cluster.consumer(**conf)
+        b.subscribe(["handover"], listener=second)
+        pb = Poller(b)
+        wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1,
+                   timeout_s=60, what="one partition each")
+        (moved,) = b.assignment()
+        assert first.revoked == [[moved]] and second.assigned == [[moved]]
+        described = admin.describe_group("handover")
+        assert (described["state"], described["generation"]) == ("Stable", generation + 1)
+        with cluster.producer(acks="all") as producer:
+            for i in range(5):
+                producer.send("handover", b"late", partition=moved[1])
+            producer.flush()
+        wait_until(lambda: len(pb.offsets(moved[1])) == 5, timeout_s=60,
+                   what="the late records read by the new owner")
+        assert pb.offsets(moved[1]) == list(range(10, 15))
+        assert not pa.errors and not pb.errors
+    finally:
+        pa.close()
+        if pb is not None:
+            pb.close()
+
+
+class SlowRevoke(Listener):
+    """A listener whose on_partitions_revoked waits for ``gate`` (a slow commit)."""
+
+    def __init__(self, gate: threading.Event):
+        super().__init__()
+        self.gate = gate
+        self.revoking = threading.Event()
+
+    def on_partitions_revoked(self, tps):
+        self.revoking.set()
+        assert self.gate.wait(60)
+        super().on_partitions_revoked(tps)
+
+
+def test_a_moved_partition_is_not_fetched_by_its_new_owner_before_its_old_owner_revoked_it(
+        cluster):
+    """The handover waits for the old owner: while its on_partitions_revoked runs, the
+    new owner neither has the moved partition in its assignment nor reads records written
+    to it meanwhile; once the revoke ends it reads them, from the offset the old owner
+    committed (nothing skipped, nothing twice)."""
+    conf = _handover_topic(cluster, "slow-revoke", 10)
+    gate = threading.Event()
+    slow = SlowRevoke(gate)
+    pa = _first_member(cluster, conf, slow)
+    pb = None
+    try:
+        b = cluster.consumer(**conf)
+        b.subscribe(["slow-revoke"])
+        pb = Poller(b)
+        assert slow.revoking.wait(60), "the first member was never asked to give one up"
+        with cluster.producer(acks="all") as producer:
+            for p in (0, 1):
+                for i in range(5):
+                    producer.send("slow-revoke", b"late", partition=p)
+            producer.flush()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:     # the revoke is held: nothing moves
+            assert len(b.assignment()) == 0, b.assignment()
+            time.sleep(0.05)
+        assert pb.got == []
+        gate.set()
+        wait_until(lambda: len(b.assignment()) == 1, timeout_s=60, what="the handover")
+        (moved,) = b.assignment()
+        assert slow.revoked == [[moved]]
+        wait_until(lambda: len(pb.offsets(moved[1])) == 5, timeout_s=60,
+                   what="the late records read by the new owner")
+        assert pb.offsets(moved[1]) == list(range(10, 15))
+        assert sorted(pa.offsets(moved[1])) == list(range(10))
+        assert not pa.errors and not pb.errors
+    finally:
+        gate.set()
+        pa.close()
+        if pb is not None:
+            pb.close()
 
 
 def test_a_stable_group_survives_its_coordinators_broker_without_a_rebalance(cluster):

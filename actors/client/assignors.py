@@ -18,7 +18,9 @@ a partition goes to at most one member, and only to a member subscribed to its t
   between members that could take each other's partitions), keeping every partition a
   member owns where balance allows; then a partition that moves from one member to another
   is *left out* of this round (``pending_revocation``): its owner revokes it, rejoins, and
-  the next round hands it to its new owner. Partitions that stay are never revoked.
+  the next round hands it to its new owner. Partitions that stay are never revoked. The
+  result also carries the ``target`` (moves included): raykafka's members use it with a
+  handover inside the same generation instead of the second round (docs/groups.md).
 """
 
 from __future__ import annotations
@@ -119,12 +121,16 @@ def roundrobin_assign(members: Mapping[str, Subscription],
 
 @dataclass
 class CooperativeResult:
-    """``assignment`` for this round; ``pending_revocation`` the partitions left out of it
-    because their owner must revoke them first (member -> what it gives up); the group
-    needs another round while it is not empty."""
+    """``assignment`` for this round in KIP-429's terms; ``pending_revocation`` the
+    partitions left out of it because their owner must revoke them first (member -> what
+    it gives up); ``target`` the assignment with those given to their new owners. KIP-429
+    runs another round while ``pending_revocation`` is not empty; raykafka's members hand
+    the ``target`` out at once, the moves pending at the coordinator until released
+    (``GroupMember._assign``)."""
 
     assignment: Assignment
     pending_revocation: dict[str, list[TopicPartition]]
+    target: Assignment
 
 
 def sticky_assign(members: Mapping[str, Subscription],
@@ -225,7 +231,7 @@ def cooperative_sticky_assign(members: Mapping[str, Subscription],
             else:
                 keep.append(tp)
         assignment[member] = keep
-    return CooperativeResult(assignment, {m: sorted(v) for m, v in pending.items()})
+    return CooperativeResult(assignment, {m: sorted(v) for m, v in pending.items()}, target)
 
 
 #: partition_assignment_strategy -> the assignor (range and roundrobin are eager: every

@@ -26,9 +26,13 @@ thread heartbeats every ``heartbeat_interval_ms`` independently of how long the 
 takes between polls (KIP-62); when the coordinator answers that the group rebalances, the
 next ``poll`` rejoins: with an eager assignor (range, roundrobin) it first revokes every
 partition (``on_partitions_revoked``, after an auto-commit), with cooperative-sticky only
-the partitions that move (KIP-429: it rejoins once more right after revoking them). New
-partitions start at the group's committed offset (else per ``auto_offset_reset``) and are
-announced with ``on_partitions_assigned``. A caller that does not poll for
+the partitions that move (KIP-429), and it then *releases* them at the coordinator. A
+partition that moves is handed over inside the same generation (no second JoinGroup
+round): its new owner gets it in the SyncGroup answer but claims it from the coordinator
+(``GroupMember.claim``, a long poll waited on next to the fetches) and fetches it only once
+its old owner released it, after that owner's commit. New partitions start at the group's
+committed offset (which the claim answers; else per ``auto_offset_reset``) and are
+announced with ``on_partitions_assigned`` when claimed. A caller that does not poll for
 ``max_poll_interval_ms`` leaves the group (its partitions go to the others) and rejoins at
 its next poll. ``commit`` writes what ``poll`` has returned (or the given offsets) through
 the coordinator, refused (typed error) for a member of an older generation.
@@ -75,6 +79,8 @@ log = logging.getLogger(__name__)
 #: How long poll waits on fetches at most before it looks whether the group needs it (a
 #: rebalance the heartbeat heard, a background join that ended).
 GROUP_CHECK_S = 0.05
+#: A claim's long poll at the coordinator (a handover waiting for its old owner's release).
+CLAIM_WAIT_MS = 5000
 _TOPIC_PARTITION = operator.itemgetter(0, 1)      # a Record's (topic, partition)
 _OFFSET = operator.attrgetter("offset")
 
@@ -202,6 +208,9 @@ class Consumer:
         self._joining = threading.Event()        # a join is under way: no beats
         self._join_ended = threading.Event()     # ... and is over: beat again at once
         self._join: _BackgroundJoin | None = None   # a cooperative rejoin under way
+        # assigned by the group, not claimed yet (a handover waiting for its release)
+        self._awaiting: list[tuple[str, int]] = []
+        self._claim = None                        # group.Claim in flight for them
         self._last_poll = time.monotonic()
         self._last_auto_commit = time.monotonic()
         self._heartbeat_thread: threading.Thread | None = None
@@ -327,11 +336,12 @@ class Consumer:
         A cooperative member that owns partitions rejoins in the background (KIP-429): the
         JoinGroup/SyncGroup run on a thread of their own while poll goes on fetching and
         returning the partitions it owns, and the outcome is applied at the first poll
-        after it arrives (revoking what moves, which rejoins once more, the same way).
-        Everything else (a first join, eager assignors, a member that left) joins here,
-        before fetching."""
+        after it arrives (revoking and releasing what moves, claiming what comes: see
+        ``_joined``). Everything else (a first join, eager assignors, a member that left)
+        joins here, before fetching."""
         if self._group is None or not self._subscribed():
             return
+        self._check_claim()
         if self._heartbeat_thread is None:
             self._heartbeat_thread = threading.Thread(
                 target=self._heartbeat_loop, daemon=True,
@@ -357,6 +367,7 @@ class Consumer:
                           and bool(self._group.member_id) and not self._left.is_set())
             self._rejoin.clear()
             self._left.clear()
+            self._awaiting, self._claim = [], None     # never ours: the rejoin decides
             owned = list(self._assigned)
             if self._group.eager and owned:
                 self._revoke(owned)
@@ -381,20 +392,62 @@ class Consumer:
 
     def _joined(self, owned: list, new: list) -> None:
         """Apply a join's outcome: ``owned`` what the member owned when it joined, ``new``
-        its assignment of the new generation."""
+        its assignment of the new generation. What it gives up (cooperative) is revoked,
+        then released at the coordinator; what it gains is claimed: at once what nobody
+        has to release, the rest when released (``_check_claim``)."""
         lost = [tp for tp in owned if tp not in new]
-        if lost:                          # cooperative: give these up, then one more round
+        if lost:
             self._revoke(lost)
-            self._rejoin.set()
-        added = [tp for tp in new if tp not in self._assigned]
-        self._set_assignment(new)
-        if added:
-            committed = self._group.committed(added)
-            for tp in added:
-                if tp in committed:
-                    self._positions[tp] = committed[tp]
+            self._group.release(lost)     # committed: their new owners may fetch them
+        kept = [tp for tp in new if tp in self._assigned]
+        if kept != self._assigned:
+            self._set_assignment(kept)
+        self._awaiting = [tp for tp in new if tp not in self._assigned]
+        self._claim = None
+        if self._awaiting:
+            try:
+                claim = self._group.claim(self._awaiting)
+            except Exception as exc:  # noqa: BLE001 - as a failed claim's answer
+                self._claim_failed(exc)
+                return
+            self._claim = claim
+            self._check_claim(block=True)
+
+    def _check_claim(self, block: bool = False) -> None:
+        """Apply the claim in flight if it answered (``block``: wait for it): the
+        partitions it gives are assigned from their committed offsets and announced;
+        the rest are claimed again (a long poll)."""
+        claim = self._claim
+        if claim is None or not (block or claim.ready()):
+            return
+        self._claim = None
+        try:
+            got = claim.result()
+        except Exception as exc:  # noqa: BLE001 - rejoin (typed errors logged)
+            self._claim_failed(exc)
+            return
+        ready = [tp for tp in self._awaiting if tp in got]
+        if ready:
+            for tp in ready:
+                if got[tp] is not None:
+                    self._positions[tp] = got[tp]
+            self._awaiting = [tp for tp in self._awaiting if tp not in got]
+            self._set_assignment(self._assigned + ready)
             if self._listener is not None:
-                self._listener.on_partitions_assigned(list(added))
+                self._listener.on_partitions_assigned(list(ready))
+        if self._awaiting:
+            try:
+                self._claim = self._group.claim(self._awaiting, CLAIM_WAIT_MS)
+            except Exception as exc:  # noqa: BLE001 - see _claim_failed
+                self._claim_failed(exc)
+
+    def _claim_failed(self, exc: BaseException) -> None:
+        """A claim that failed (the group rebalances, the coordinator moved): what it
+        waited for was never this member's; it rejoins."""
+        log.info("claim of %s in group %r: %r", self._awaiting, self.config["group_id"],
+                 unwrap(exc))
+        self._awaiting, self._claim = [], None
+        self._rejoin.set()
 
     def _revoke(self, tps) -> None:
         """Give up ``tps``: commit what poll returned of them (auto-commit), tell the
@@ -489,6 +542,7 @@ class Consumer:
         if self._group is not None and self._group.member_id:
             self._revoke(list(self._assigned))
             self._group.leave()
+        self._awaiting, self._claim = [], None
         self._subscription, self._pattern = set(), None
         self._set_assignment([])
         if self._registry_on():
@@ -684,6 +738,8 @@ class Consumer:
             return False
         if self._join is not None:
             return self._join.done.is_set()
+        if self._claim is not None and self._claim.ready():
+            return True
         return self._rejoin.is_set() or self._left.is_set()
 
     def _has_data(self) -> bool:
@@ -719,8 +775,12 @@ class Consumer:
                 break
             if not self._inflight:
                 # every partition in backoff, nothing assigned, or a leader that answers
-                # at once (no long poll): do not spin
-                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+                # at once (no long poll): do not spin (a claim's answer ends the wait)
+                pause = min(0.05, max(deadline - time.monotonic(), 0))
+                if self._claim is not None:
+                    ray.wait([self._claim.ref], timeout=pause)
+                else:
+                    time.sleep(pause)
         if columnar:
             return self._take_columns(limit, track)
         if len(self._buffer) <= limit:
@@ -791,11 +851,16 @@ class Consumer:
                         max(deadline_s, min(owed, default=deadline_s)))
             refs = {f.ref: tp for tp, f in self._inflight.items()}
             wait_s = max(until - now, 0)
+            waited = list(refs)
             if self._group is not None:
                 wait_s = min(wait_s, GROUP_CHECK_S)   # a rebalance is not waited out
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=wait_s)
+                if self._claim is not None:         # nor a claim's answer
+                    waited.append(self._claim.ref)
+            ready, _ = ray.wait(waited, num_returns=1, timeout=wait_s)
             for ref in ready:
-                tp = refs[ref]
+                tp = refs.get(ref)
+                if tp is None:
+                    continue                 # the claim: poll applies it (_group_waits)
                 sent.discard(tp)
                 self._take(tp, self._inflight.pop(tp))
 

@@ -13,6 +13,11 @@ it; it does no fetching itself.
 - ``heartbeat()`` is one Heartbeat; it answers True while the generation is current, False
   when the member must rejoin (a rebalance started, or its generation or membership is
   gone), which the caller does after revoking what it must.
+- ``release(tps)`` / ``claim(tps, wait_ms)``: the handover of cooperative assignors. The
+  leader sends the assignor's target with the moves marked (``handover``: old owner ->
+  partitions); an old owner releases what it gave up after committing it, and a new
+  owner claims what it was given, getting each partition (with its committed offset)
+  once nobody has to release it any more.
 - ``commit(offsets)`` / ``committed(tps)`` / ``leave()``. Where offsets live follows
   ``offsets_storage`` (seed 000 5.6): "kafka", the coordinator's __consumer_offsets;
   "zookeeper", ``/consumers/<g>/offsets/<t>/<p>`` through the consumer's own ZooKeeper
@@ -170,17 +175,19 @@ class GroupMember:
             self.member_id = joined["member_id"]
             self.generation = joined["generation"]
             self.is_leader = joined["leader_id"] == self.member_id
-        assignments = None
+        assignments = handover = None
         if self.is_leader and joined["members"] is not None:
-            assignments = self._assign(joined["protocol"], joined["members"])
+            assignments, handover = self._assign(joined["protocol"], joined["members"])
         mine = self._call("sync_group", self.group_id, self.member_id, joined["generation"],
-                          assignments)
+                          assignments, handover)
         with self._lock:
             self.assignment = sorted((t, int(p)) for t, p in (mine or []))
             return list(self.assignment)
 
-    def _assign(self, protocol: str, members: dict) -> dict:
-        """The leader's work: every member's assignment from their subscriptions."""
+    def _assign(self, protocol: str, members: dict) -> tuple[dict, dict | None]:
+        """The leader's work: every member's assignment from their subscriptions, and for
+        a cooperative assignor the handovers (member -> the partitions it owns that move
+        to another member: pending at the coordinator until it releases them)."""
         subs = {mid: Subscription(tuple(meta.get("topics", ())),
                                   streams=dict(meta.get("streams") or {}),
                                   owned=tuple((t, int(p)) for t, p in meta.get("owned", ())),
@@ -194,9 +201,12 @@ class GroupMember:
             except Exception:  # noqa: BLE001 - a topic that does not exist (yet): skipped
                 continue
         result = assignor(protocol)(subs, counts)
-        if hasattr(result, "assignment"):               # cooperative: this round's part
-            result = result.assignment
-        return {mid: [list(tp) for tp in tps] for mid, tps in result.items()}
+        handover = None
+        if hasattr(result, "target"):                   # cooperative: moves are handed over
+            handover = {mid: [list(tp) for tp in tps]
+                        for mid, tps in result.pending_revocation.items()}
+            result = result.target
+        return {mid: [list(tp) for tp in tps] for mid, tps in result.items()}, handover
 
     def heartbeat(self, wait_ms: int = 0) -> bool:
         """True while this member's generation is current; False: rejoin. An answer about
@@ -219,6 +229,34 @@ class GroupMember:
                 if isinstance(exc, (UnknownMemberIdError, FencedInstanceIdError)):
                     self.member_id, self.generation = "", -1
             return False
+
+    # -- handover (cooperative assignors) -----------------------------------------------------------
+    def release(self, partitions) -> None:
+        """Tell the coordinator this member gave ``partitions`` up (after committing what
+        it processed of them): their new owners may fetch them. A failure is logged only:
+        an unreleased partition is freed by the next rebalance (a coordinator that moved,
+        this member's session ending)."""
+        with self._lock:
+            member_id, generation = self.member_id, self.generation
+        if not member_id or not partitions:
+            return
+        try:
+            self._call("release_partitions", self.group_id, member_id, generation,
+                       [list(tp) for tp in partitions], timeout_s=10)
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.info("release of %s in group %r: %r", list(partitions), self.group_id, exc)
+
+    def claim(self, partitions, wait_ms: int = 0) -> "Claim":
+        """Ask the coordinator which of ``partitions`` (this member's, just assigned) no
+        other member has to release any more; a long poll of up to ``wait_ms``. Returns
+        at once: the answer is ``Claim.result()`` (``Claim.ref`` to wait on)."""
+        with self._lock:
+            member_id, generation = self.member_id, self.generation
+        handle = self.coordinator()
+        ref = handle.claim_partitions.remote(self.group_id, member_id, generation,
+                                             [list(tp) for tp in partitions], int(wait_ms))
+        return Claim(self, ref, [tuple(tp) for tp in partitions], member_id, generation,
+                     timeout_s=10 + wait_ms / 1000)
 
     def leave(self) -> None:
         if not self.member_id:
@@ -278,3 +316,49 @@ class GroupMember:
                 last = exc
                 time.sleep(self.backoff_s)
         raise last
+
+
+class Claim:
+    """A claim in flight (``GroupMember.claim``): ``result()`` gives ``{(topic, partition):
+    committed offset or None}`` of the partitions this member may fetch now (the
+    configured offsets storage's committed offset, as ``GroupMember.committed``), or
+    raises the coordinator's typed error (RebalanceInProgressError and the generation
+    errors: rejoin)."""
+
+    def __init__(self, member: GroupMember, ref, partitions: list, member_id: str,
+                 generation: int, timeout_s: float):
+        self.member = member
+        self.ref = ref
+        self.partitions = partitions
+        self.member_id = member_id
+        self.generation = generation
+        self.expires_s = time.monotonic() + timeout_s
+
+    def ready(self) -> bool:
+        done, _ = _ray().wait([self.ref], timeout=0)
+        return bool(done) or time.monotonic() >= self.expires_s
+
+    def result(self) -> dict:
+        ray = _ray()
+        member = self.member
+        try:
+            got = ray.get(self.ref, timeout=max(self.expires_s - time.monotonic(), 0.001))
+        except ray.exceptions.GetTimeoutError:
+            raise KafkaTimeoutError(f"claim of {self.partitions} in group "
+                                    f"{member.group_id!r}: no answer") from None
+        except Exception as exc:  # noqa: BLE001 - the coordinator's typed error
+            err = unwrap(exc)
+            if isinstance(err, _MOVED) or isinstance(err, ray.exceptions.RayActorError):
+                with member._lock:
+                    member._handle = None
+            raise err from None
+        out = {tuple(tp): (v[0] if v is not None else None) for tp, v in got.items()}
+        if out and (member.offsets_storage == "zookeeper" or member.dual_commit):
+            stored = member.zk.fetch_offsets(list(out))
+            for tp in out:
+                if tp in stored:
+                    kafka = out[tp] if member.dual_commit else None
+                    out[tp] = stored[tp] if kafka is None else max(kafka, stored[tp])
+                elif not member.dual_commit:
+                    out[tp] = None
+        return out

@@ -18,6 +18,12 @@ GroupCoordinator + GroupMetadataManager).
   GroupMetadataManager.storeGroup/loadGroup). A generation whose record was not written
   before its coordinator died is not resumed: its members' heartbeats are answered
   IllegalGeneration and they rejoin.
+- Handover of a partition that moves between cooperative members inside one generation
+  (``GroupLogic``'s module docstring): the leader's SyncGroup names what its old owners
+  must release; ``release_partitions`` (the old owner, after its revoke commit) frees
+  them and ``claim_partitions`` (the new owner, a long poll like the heartbeat's) answers
+  the partitions it may fetch with their committed offsets. A generation is stored once
+  its handovers are released.
 - Membership (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) is ``GroupLogic`` (pure); this
   actor only awaits its futures, so thousands of members can wait in a JoinGroup at once
   (an async actor: a waiting request costs no thread), and runs its timer.
@@ -79,6 +85,18 @@ def _ms() -> float:
     return time.monotonic() * 1000
 
 
+def _partitions(value, what: str) -> list:
+    """``[[topic, partition], ...]`` from a client, as (topic, partition) tuples."""
+    try:
+        out = [(t, int(p)) for t, p in value]
+    except (TypeError, ValueError):
+        raise IllegalArgumentError(f"{what} must be (topic, partition) pairs, got "
+                                   f"{value!r}") from None
+    if not all(isinstance(t, str) for t, _ in out):
+        raise IllegalArgumentError(f"{what}: topics must be str, got {value!r}")
+    return out
+
+
 class GroupCoordinator:
     """See the module docstring. All methods run on the actor's event loop."""
 
@@ -121,6 +139,8 @@ class GroupCoordinator:
         self._store_locks: dict[int, asyncio.Lock] = {}
         # heartbeats waiting (long poll) for their group's next rebalance
         self._rebalancing: dict[str, asyncio.Event] = {}
+        # claims waiting (long poll) for a handover's release
+        self._claims: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.groups_stored = 0
         self.groups_restored = 0
@@ -159,9 +179,10 @@ class GroupCoordinator:
         # the waiting beats of the partition's groups answer (they look for the new
         # coordinator); those of other groups wait on: a LeaderAndIsr naming this broker a
         # follower of another offsets partition (an ISR change) says nothing about them
-        for group_id in [g for g in self._rebalancing if not self.num_partitions
-                         or offsets_partition(g, self.num_partitions) == partition]:
-            self._rebalancing.pop(group_id).set()
+        for waiting in (self._rebalancing, self._claims):
+            for group_id in [g for g in waiting if not self.num_partitions
+                             or offsets_partition(g, self.num_partitions) == partition]:
+                waiting.pop(group_id).set()
         self.partitions.pop(partition, None)
         self._leader_epochs.pop(partition, None)
         self.cache.unload(partition)
@@ -290,17 +311,84 @@ class GroupCoordinator:
                                  rebalance_timeout_ms=rebalance_timeout_ms,
                                  group_instance_id=group_instance_id, client_id=client_id)
         self._poke()
+        self._wake_claims(group_id)       # a static member's restart frees its handovers
         result = await asyncio.wrap_future(future)
         return {"member_id": result.member_id, "generation": result.generation,
                 "protocol": result.protocol, "leader_id": result.leader_id,
                 "members": result.members}
 
     async def sync_group(self, group_id: str, member_id: str, generation: int,
-                         assignments: dict | None = None):
+                         assignments: dict | None = None, handover: dict | None = None):
+        """SyncGroup. The leader's ``handover`` (cooperative assignors): member id -> the
+        partitions it owns that ``assignments`` give to another member; they stay
+        pending until that member releases them (``release_partitions``), and their new
+        owner's ``claim_partitions`` waits until then."""
         self._owner(group_id)
-        future = self.logic.sync(group_id, member_id, generation, assignments)
+        if handover is not None:
+            if not isinstance(handover, dict):
+                raise IllegalArgumentError(f"handover must be a dict of member id -> "
+                                           f"partitions, got {type(handover).__name__}")
+            handover = {mid: _partitions(tps, "handover") for mid, tps in handover.items()}
+        future = self.logic.sync(group_id, member_id, generation, assignments, handover)
         self._poke()
         return await asyncio.wrap_future(future)
+
+    async def release_partitions(self, group_id: str, member_id: str, generation: int,
+                                 partitions: list) -> int:
+        """The member gave ``partitions`` up (it committed them first): the ones it was to
+        hand over go to their new owners, whose waiting claims answer now. Returns how
+        many were pending."""
+        self._owner(group_id)
+        released = self.logic.release(group_id, member_id, generation,
+                                      _partitions(partitions, "partitions"))
+        if released:
+            self._wake_claims(group_id)
+        return len(released)
+
+    async def claim_partitions(self, group_id: str, member_id: str, generation: int,
+                               partitions: list, wait_ms: int = 0) -> dict:
+        """Of ``partitions`` (of the member's assignment), the ones it may fetch now, each
+        with the group's committed (offset, metadata) or None: ``{(topic, partition):
+        ...}``. A partition another member still has to release is left out; with
+        ``wait_ms`` this is a long poll that answers as soon as one is released (or the
+        wait ends: an empty answer). RebalanceInProgressError once the group rebalances
+        (the member rejoins; the claim is void)."""
+        self._owner(group_id)
+        tps = _partitions(partitions, "partitions")
+        if not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms < 0:
+            raise IllegalArgumentError(f"wait_ms must be an int >= 0, got {wait_ms!r}")
+        deadline = time.monotonic() + min(wait_ms, MAX_HEARTBEAT_WAIT_MS) / 1000
+        while True:
+            ready = self.logic.claim(group_id, member_id, generation, tps)
+            left = deadline - time.monotonic()
+            if ready or left <= 0:
+                break
+            self._loop = asyncio.get_running_loop()
+            event = self._claims.setdefault(group_id, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+            self._owner(group_id)
+        committed = self.cache.fetch(group_id, ready)
+        return {tp: ((committed[tp].offset, committed[tp].metadata) if tp in committed
+                     else None) for tp in ready}
+
+    def _wake_claims(self, group_id: str) -> None:
+        self._answer(self._claims, group_id)
+
+    def _answer(self, waiting: dict, group_id: str) -> None:
+        """Answer the long polls (``waiting``: group -> event) of ``group_id``; from the
+        event loop or another thread (GroupLogic's hooks run under its lock)."""
+        event = waiting.pop(group_id, None)
+        if event is None:
+            return
+        try:
+            asyncio.get_running_loop()
+            event.set()
+        except RuntimeError:              # not on the event loop's thread
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(event.set)
 
     async def heartbeat(self, group_id: str, member_id: str, generation: int,
                         wait_ms: int = 0) -> None:
@@ -327,16 +415,9 @@ class GroupCoordinator:
         self.logic.heartbeat(group_id, member_id, generation, refresh=False)
 
     def _rebalance_started(self, group) -> None:
-        """GroupLogic's hook: wake the heartbeats waiting on the group."""
-        event = self._rebalancing.pop(group.group_id, None)
-        if event is None:
-            return
-        try:
-            asyncio.get_running_loop()
-            event.set()
-        except RuntimeError:              # not on the event loop's thread
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(event.set)
+        """GroupLogic's hook: wake the heartbeats and claims waiting on the group."""
+        self._wake_claims(group.group_id)
+        self._answer(self._rebalancing, group.group_id)
 
     async def leave_group(self, group_id: str, member_id: str) -> None:
         self._owner(group_id)
@@ -346,6 +427,7 @@ class GroupCoordinator:
         event = self._rebalancing.pop(group_id, None)
         if event is not None:
             event.set()
+        self._wake_claims(group_id)
         self._poke()
 
     # -- offsets ----------------------------------------------------------------------------------

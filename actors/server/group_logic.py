@@ -33,6 +33,14 @@ States (Kafka's):
   RebalanceInProgressError (commits are still taken while the group prepares a rebalance:
   that is when members commit what they give up, as in Kafka); so a member of an older
   generation can neither commit nor keep partitions (the seed's split brain).
+- Handover (cooperative assignors; KIP-848's reconciliation, inside one generation): the
+  leader's SyncGroup may name partitions that move from a member that still owns them
+  (``handover``: releasing member -> partitions). They are in their new owner's
+  assignment but *pending*: ``claim`` answers a partition only once it is not pending,
+  i.e. after its old owner's ``release`` (which it sends after committing what it gives
+  up). A new generation (a rebalance starting) drops whatever is still pending: the
+  members rejoin with what they really own. So a partition is fetched by one member at a
+  time, and a move costs one JoinGroup round, not KIP-429's two.
 - ``tick(now)`` expires members whose heartbeat is older than their session timeout (in
   every state with members: during a rebalance a member that has not rejoined yet keeps
   its session by heartbeating, as in Kafka, so a dead one does not hold the rebalance up
@@ -112,6 +120,8 @@ class Group:
     join_deadline_ms: float | None = None
     #: a new member's join in a group with an initial delay: when the delay ends
     initial_delay_until_ms: float | None = None
+    #: this generation's handovers not released yet: partition -> the member releasing it
+    pending: dict = field(default_factory=dict)
 
     def supported_protocols(self) -> set:
         names = None
@@ -242,6 +252,10 @@ class GroupLogic:
         """KIP-345: a static member back under a new member id takes its old place (same
         assignment, no rebalance while the group is stable); the old id is fenced."""
         old = group.members.pop(old_id)
+        # what the old instance was to hand over is free: it is fenced (it can commit
+        # nothing more) and its restart owns only its assignment
+        for tp in [tp for tp, mid in group.pending.items() if mid == old_id]:
+            del group.pending[tp]
         new_id = f"{client_id}-{uuid.uuid4()}"
         member = Member(new_id, old.group_instance_id, client_id, session_timeout_ms,
                         rebalance_timeout_ms, protocols, last_heartbeat_ms=now,
@@ -269,6 +283,7 @@ class GroupLogic:
                 _done(m.sync_future, error=RebalanceInProgressError(
                     f"group {group.group_id!r} is rebalancing again"))
                 m.sync_future = None
+        group.pending = {}            # the rejoins say what each member really owns
         if group.state != GroupState.PREPARING_REBALANCE:
             empty_before = group.state == GroupState.EMPTY
             group.state = GroupState.PREPARING_REBALANCE
@@ -346,9 +361,11 @@ class GroupLogic:
 
     # -- SyncGroup ----------------------------------------------------------------------------
     def sync(self, group_id: str, member_id: str, generation: int,
-             assignments: dict | None = None) -> concurrent.futures.Future:
-        """A SyncGroup (the leader sends ``assignments``: member id -> assignment): its
-        future answers this member's assignment."""
+             assignments: dict | None = None,
+             handover: dict | None = None) -> concurrent.futures.Future:
+        """A SyncGroup (the leader sends ``assignments``: member id -> assignment, and
+        ``handover``: member id -> the partitions of others' assignments it still owns and
+        must release first): its future answers this member's assignment."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self.lock:
             try:
@@ -365,6 +382,8 @@ class GroupLogic:
                 if member_id == group.leader_id and assignments is not None:
                     for mid, m in group.members.items():
                         m.assignment = assignments.get(mid)
+                    group.pending = {tp: mid for mid, tps in (handover or {}).items()
+                                     if mid in group.members for tp in tps}
                     group.state = GroupState.STABLE
                     for m in group.members.values():
                         f, m.sync_future = m.sync_future, None
@@ -374,6 +393,35 @@ class GroupLogic:
             except KafkaError as exc:
                 _done(future, error=exc)
         return future
+
+    # -- handover (see the module docstring) ---------------------------------------------------
+    def release(self, group_id: str, member_id: str, generation: int, partitions) -> list:
+        """``member_id`` gave ``partitions`` up (after committing them): those it was to
+        hand over are no longer pending. Returns them (what waiting claims may now get)."""
+        with self.lock:
+            group, _member = self._check_member(group_id, member_id, generation)
+            released = [tp for tp in partitions if group.pending.get(tp) == member_id]
+            for tp in released:
+                del group.pending[tp]
+            if released and not group.pending and self.on_stable is not None:
+                self.on_stable(group)          # the generation can be stored now
+            return released
+
+    def claim(self, group_id: str, member_id: str, generation: int, partitions) -> list:
+        """Which of ``partitions`` (of this member's assignment) it may fetch now: those
+        no other member still has to release. RebalanceInProgressError while the group
+        rebalances (the member rejoins; its claims are void)."""
+        with self.lock:
+            group, _member = self._check_member(group_id, member_id, generation)
+            if group.state != GroupState.STABLE:
+                raise RebalanceInProgressError(f"group {group_id!r} is rebalancing: rejoin")
+            return [tp for tp in partitions if tp not in group.pending]
+
+    def pending(self, group_id: str) -> dict:
+        """This generation's handovers still pending: partition -> releasing member."""
+        with self.lock:
+            group = self.groups.get(group_id)
+            return dict(group.pending) if group is not None else {}
 
     # -- Heartbeat, LeaveGroup ----------------------------------------------------------------------
     def heartbeat(self, group_id: str, member_id: str, generation: int, *,
@@ -404,6 +452,7 @@ class GroupLogic:
                 self._prepare_rebalance(group, now)
             else:
                 group.state = GroupState.EMPTY
+                group.pending = {}
                 group.generation += 1
                 group.protocol = group.leader_id = group.protocol_type = None
                 if self.on_empty is not None:
@@ -492,10 +541,14 @@ class GroupLogic:
         """What a new coordinator needs to resume the group: its generation, protocol,
         leader, and each member's settings, chosen protocol metadata and assignment. Only a
         Stable or Empty group has one (None otherwise: a rebalance in flight is not
-        stored; its members rejoin the next coordinator)."""
+        stored; its members rejoin the next coordinator), and a Stable one only once its
+        handovers are released (a new coordinator could not know which partitions are
+        still pending: until then the previous generation stays the stored one, and its
+        members, of a newer generation, rejoin a new coordinator)."""
         with self.lock:
             group = self.groups.get(group_id)
-            if group is None or group.state not in (GroupState.STABLE, GroupState.EMPTY):
+            if group is None or group.state not in (GroupState.STABLE, GroupState.EMPTY) \
+                    or group.pending:
                 return None
             return {"protocol_type": group.protocol_type, "generation": group.generation,
                     "protocol": group.protocol, "leader_id": group.leader_id,
