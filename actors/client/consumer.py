@@ -206,6 +206,9 @@ class Consumer:
         self._rejoin = threading.Event()
         self._left = threading.Event()
         self._joining = threading.Event()        # a join is under way: no beats
+        # a rejoin is under way, revoking before its JoinGroup: beats go on (the session)
+        # but a rebalance they report is the one being joined, not a new one
+        self._revoking = threading.Event()
         self._join_ended = threading.Event()     # ... and is over: beat again at once
         self._join: _BackgroundJoin | None = None   # a cooperative rejoin under way
         # assigned by the group, not claimed yet (a handover waiting for its release)
@@ -365,17 +368,27 @@ class Consumer:
                                         f"in 10 rounds")
             background = (not self._group.eager and bool(self._assigned)
                           and bool(self._group.member_id) and not self._left.is_set())
-            self._rejoin.clear()
-            self._left.clear()
-            self._awaiting, self._claim = [], None     # never ours: the rejoin decides
-            owned = list(self._assigned)
-            if self._group.eager and owned:
-                self._revoke(owned)
-                owned = []
-            self._group_topics = self._matching_topics()
-            if self._registry_on():          # the seed registers before it rebalances
-                self._zk.register(*self._registration())
-            self._joining.set()
+            # from here until the JoinGroup, a rebalance the beats report is this one (an
+            # eager member's revoke can take a while; a notice it heard again must not
+            # start another rejoin once this one ends: a leader's rejoin is a rebalance)
+            self._revoking.set()
+            try:
+                self._rejoin.clear()
+                self._left.clear()
+                self._awaiting, self._claim = [], None     # never ours: the rejoin decides
+                owned = list(self._assigned)
+                if self._group.eager and owned:
+                    self._revoke(owned)
+                    owned = []
+                self._group_topics = self._matching_topics()
+                if self._registry_on():          # the seed registers before it rebalances
+                    self._zk.register(*self._registration())
+                self._joining.set()
+            except BaseException:
+                self._rejoin.set()               # the next poll tries again
+                raise
+            finally:
+                self._revoking.clear()
             if background:
                 self._join = _BackgroundJoin(self._group, self._group_topics, owned,
                                              self._join_streams(), self._joining,
@@ -470,7 +483,8 @@ class Consumer:
         while not self._closed:
             group = self._group
             steady = not (self._rejoin.is_set() or not group.member_id
-                          or self._left.is_set() or self._joining.is_set())
+                          or self._left.is_set() or self._joining.is_set()
+                          or self._revoking.is_set())
             if not steady:
                 # the first beat after a join goes out as soon as it ends: a rebalance
                 # that starts right after is heard at once, not a sleep later
@@ -488,7 +502,8 @@ class Consumer:
                     self._left.set()
                     continue
                 if not group.heartbeat(wait_ms if steady else 0) \
-                        and not self._joining.is_set():   # a join under way settles it
+                        and not self._joining.is_set() \
+                        and not self._revoking.is_set():  # a rejoin under way settles it
                     self._rejoin.set()
             except Exception as exc:  # noqa: BLE001 - the coordinator moved: next beat
                 log.info("heartbeat of group %r: %r", self.config["group_id"], exc)
