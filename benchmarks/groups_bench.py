@@ -8,13 +8,15 @@ values. In this order:
 
 1. ``nogroup_records_per_s``: ``raykafka perf consume`` (``perf.consume``:
    ``SimpleConsumer.iter_columns``, one process, Arrow columns, no group) of the N records
-   of the topic, run before and after phase 2; the better run is the baseline.
+   of the topic, run twice, each time before a run of phase 2; the better run is the
+   baseline.
 2. ``group_records_per_s``: the same N records through ``cluster.consumer_group`` with 3
    member actors (range), delivered to ``process_fn`` (one call per partition of each
    poll) as the baseline delivers them, Arrow columns (``batch_format="pyarrow"``: a
    Table per partition and poll, ``Consumer.poll_columns``), committing every 5 s
    (``commit_interval_ms``). Timed from the first processed record to the last, as the
-   members' ``stats()`` show (sampled every 50 ms). Then the same with a list of Python
+   members' ``stats()`` show (sampled every 50 ms); run twice (a group id each), the
+   better run is the figure, as for the baseline. Then the same with a list of Python
    Records per call (``batch_format="records"``, the default) as a second group:
    ``group_records_format_records_per_s``.
 3. ``rebalance_eager_s`` / ``rebalance_cooperative_s``: a group of 3 members (range, then
@@ -138,10 +140,21 @@ def nogroup(cluster, records: int, out: dict) -> dict:
     return {"nogroup_records_per_s": max(runs), "nogroup_runs_records_per_s": runs}
 
 
+def group_best(cluster, records: int, consumer_config: dict, out: dict) -> dict:
+    """group_throughput (Arrow), run after each no-group run: the better run is the
+    figure, as the baseline's is (the machine is shared: one run can be unlucky)."""
+    runs = out.get("group_runs_records_per_s", [])
+    got = group_throughput(cluster, records, consumer_config, run=len(runs))
+    runs = runs + [got["group_records_per_s"]]
+    if out.get("group_records_per_s", -1) >= got["group_records_per_s"]:
+        return {"group_runs_records_per_s": runs}
+    return {**got, "group_runs_records_per_s": runs}
+
+
 def group_throughput(cluster, records: int, consumer_config: dict,
-                     batch_format: str = "pyarrow", key: str = "group") -> dict:
+                     batch_format: str = "pyarrow", key: str = "group", run: int = 0) -> dict:
     t0 = time.perf_counter()
-    group = cluster.consumer_group(f"bench-throughput-{batch_format}", [TOPIC], MEMBERS,
+    group = cluster.consumer_group(f"bench-throughput-{batch_format}-{run}", [TOPIC], MEMBERS,
                                    deliver, commit_interval_ms=COMMIT_INTERVAL_MS,
                                    batch_format=batch_format,
                                    auto_offset_reset="earliest", **consumer_config)
@@ -449,8 +462,9 @@ def main() -> int:
         out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
         phase(out, "fill", fill, cluster, records, a.record_size)
         phase(out, "nogroup", nogroup, cluster, records, out)
-        phase(out, "group", group_throughput, cluster, records, consumer_config)
+        phase(out, "group", group_best, cluster, records, consumer_config, out)
         phase(out, "nogroup_again", nogroup, cluster, records, out)
+        phase(out, "group_again", group_best, cluster, records, consumer_config, out)
         phase(out, "group_records_format", group_throughput, cluster, records,
               consumer_config, "records", "group_records_format")
         phase(out, "rebalance_eager", rebalance, cluster, "range", "eager", consumer_config,
@@ -496,10 +510,12 @@ def _table(out: dict) -> None:
         return "met" if out["goals"][key] else "MISSED"
     rows = [
         ("no-group records/s (perf consume)", fmt(out.get("nogroup_records_per_s")),
-         "the baseline"),
+         "the baseline; the better of "
+         + ", ".join(fmt(v) for v in out.get("nogroup_runs_records_per_s", []))),
         ("group records/s (3 members, Arrow)", fmt(out.get("group_records_per_s")),
          f">= {GOAL_GROUP_RECORDS_PER_S:,}: {fmt(out.get('group_vs_goal'), '{:.2f}')}x, "
-         f"{met('group_records_per_s')}"),
+         f"{met('group_records_per_s')}; the better of "
+         + ", ".join(fmt(v) for v in out.get("group_runs_records_per_s", []))),
         ("group / no-group", fmt(out.get("group_vs_nogroup"), "{:.2f}"),
          f">= {GOAL_GROUP_VS_NOGROUP}: {met('group_vs_nogroup')}"),
         ("  group, Records per call, records/s",
