@@ -257,6 +257,18 @@ def _wait(predicate, timeout_s: float, what: str):
     raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
+_DESCRIBERS: dict = {}
+
+
+def _describer(group):
+    """One GroupMember per group to ask its coordinator (it finds the coordinator once,
+    not at every check of a wait loop)."""
+    from actors.client.group import GroupMember
+    if group.group_id not in _DESCRIBERS:
+        _DESCRIBERS[group.group_id] = GroupMember(group.cluster.metadata, group.group_id)
+    return _DESCRIBERS[group.group_id]
+
+
 def _owners(group) -> dict | None:
     """{member name: set of partitions} when the running members own every partition
     exactly once and hold what the coordinator assigned them (no handover pending: a
@@ -267,10 +279,8 @@ def _owners(group) -> dict | None:
     everything = sorted(p for ps in owned.values() for p in ps)
     if everything != list(range(PARTITIONS)):
         return None
-    from actors.client.group import GroupMember
     try:      # the coordinator's own view (Admin.describe_group adds lags, ZooKeeper)
-        described = GroupMember(group.cluster.metadata, group.group_id)._call(
-            "describe_group", group.group_id)
+        described = _describer(group)._call("describe_group", group.group_id)
     except Exception:  # noqa: BLE001 - the coordinator is busy: not settled yet
         return None
     assigned = sorted(sorted(p for _, p in m["assignment"] or ())

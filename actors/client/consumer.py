@@ -418,13 +418,15 @@ class Consumer:
         self._awaiting = [tp for tp in new if tp not in self._assigned]
         self._claim = None
         if self._awaiting:
-            try:
-                claim = self._group.claim(self._awaiting)
-            except Exception as exc:  # noqa: BLE001 - as a failed claim's answer
-                self._claim_failed(exc)
-                return
-            self._claim = claim
+            self._send_claim(0)
             self._check_claim(block=True)
+
+    def _send_claim(self, wait_ms: int) -> None:
+        """Claim what is awaited (a long poll of ``wait_ms`` at the coordinator)."""
+        try:
+            self._claim = self._group.claim(self._awaiting, wait_ms)
+        except Exception as exc:  # noqa: BLE001 - as a failed claim's answer
+            self._claim_failed(exc)
 
     def _check_claim(self, block: bool = False) -> None:
         """Apply the claim in flight if it answered (``block``: wait for it): the
@@ -449,10 +451,7 @@ class Consumer:
             if self._listener is not None:
                 self._listener.on_partitions_assigned(list(ready))
         if self._awaiting:
-            try:
-                self._claim = self._group.claim(self._awaiting, CLAIM_WAIT_MS)
-            except Exception as exc:  # noqa: BLE001 - see _claim_failed
-                self._claim_failed(exc)
+            self._send_claim(CLAIM_WAIT_MS)
 
     def _claim_failed(self, exc: BaseException) -> None:
         """A claim that failed (the group rebalances, the coordinator moved): what it

@@ -255,7 +255,7 @@ class GroupMember:
         handle = self.coordinator()
         ref = handle.claim_partitions.remote(self.group_id, member_id, generation,
                                              [list(tp) for tp in partitions], int(wait_ms))
-        return Claim(self, ref, [tuple(tp) for tp in partitions], member_id, generation,
+        return Claim(self, ref, [tuple(tp) for tp in partitions],
                      timeout_s=10 + wait_ms / 1000)
 
     def leave(self) -> None:
@@ -299,7 +299,14 @@ class GroupMember:
             partitions = [(t, int(p)) for t, p in partitions]
         if self.offsets_storage == "zookeeper" and not self.dual_commit:
             return self.zk.fetch_offsets(partitions)
-        got = self._committed_kafka(partitions)
+        return self._from_storage(self._committed_kafka(partitions), partitions)
+
+    def _from_storage(self, kafka: dict, partitions=None) -> dict:
+        """The committed offsets of ``partitions`` by the configured storage, given the
+        coordinator's (``kafka``): ZooKeeper's alone, or with dual commit the larger."""
+        if self.offsets_storage == "zookeeper" and not self.dual_commit:
+            return self.zk.fetch_offsets(partitions)
+        got = dict(kafka)
         if self.dual_commit:
             for tp, offset in self.zk.fetch_offsets(partitions).items():
                 got[tp] = max(offset, got.get(tp, offset))
@@ -325,13 +332,10 @@ class Claim:
     raises the coordinator's typed error (RebalanceInProgressError and the generation
     errors: rejoin)."""
 
-    def __init__(self, member: GroupMember, ref, partitions: list, member_id: str,
-                 generation: int, timeout_s: float):
+    def __init__(self, member: GroupMember, ref, partitions: list, timeout_s: float):
         self.member = member
         self.ref = ref
         self.partitions = partitions
-        self.member_id = member_id
-        self.generation = generation
         self.expires_s = time.monotonic() + timeout_s
 
     def ready(self) -> bool:
@@ -352,13 +356,9 @@ class Claim:
                 with member._lock:
                     member._handle = None
             raise err from None
-        out = {tuple(tp): (v[0] if v is not None else None) for tp, v in got.items()}
-        if out and (member.offsets_storage == "zookeeper" or member.dual_commit):
-            stored = member.zk.fetch_offsets(list(out))
-            for tp in out:
-                if tp in stored:
-                    kafka = out[tp] if member.dual_commit else None
-                    out[tp] = stored[tp] if kafka is None else max(kafka, stored[tp])
-                elif not member.dual_commit:
-                    out[tp] = None
-        return out
+        ready = [tuple(tp) for tp in got]
+        if not ready:
+            return {}
+        stored = member._from_storage(
+            {tuple(tp): v[0] for tp, v in got.items() if v is not None}, ready)
+        return {tp: stored.get(tp) for tp in ready}

@@ -182,7 +182,7 @@ class GroupCoordinator:
         for waiting in (self._rebalancing, self._claims):
             for group_id in [g for g in waiting if not self.num_partitions
                              or offsets_partition(g, self.num_partitions) == partition]:
-                waiting.pop(group_id).set()
+                self._answer(waiting, group_id)
         self.partitions.pop(partition, None)
         self._leader_epochs.pop(partition, None)
         self.cache.unload(partition)
@@ -311,7 +311,7 @@ class GroupCoordinator:
                                  rebalance_timeout_ms=rebalance_timeout_ms,
                                  group_instance_id=group_instance_id, client_id=client_id)
         self._poke()
-        self._wake_claims(group_id)       # a static member's restart frees its handovers
+        self._answer(self._claims, group_id)    # a static restart frees its handovers
         result = await asyncio.wrap_future(future)
         return {"member_id": result.member_id, "generation": result.generation,
                 "protocol": result.protocol, "leader_id": result.leader_id,
@@ -342,7 +342,7 @@ class GroupCoordinator:
         released = self.logic.release(group_id, member_id, generation,
                                       _partitions(partitions, "partitions"))
         if released:
-            self._wake_claims(group_id)
+            self._answer(self._claims, group_id)
         return len(released)
 
     async def claim_partitions(self, group_id: str, member_id: str, generation: int,
@@ -373,9 +373,6 @@ class GroupCoordinator:
         committed = self.cache.fetch(group_id, ready)
         return {tp: ((committed[tp].offset, committed[tp].metadata) if tp in committed
                      else None) for tp in ready}
-
-    def _wake_claims(self, group_id: str) -> None:
-        self._answer(self._claims, group_id)
 
     def _answer(self, waiting: dict, group_id: str) -> None:
         """Answer the long polls (``waiting``: group -> event) of ``group_id``; from the
@@ -416,7 +413,7 @@ class GroupCoordinator:
 
     def _rebalance_started(self, group) -> None:
         """GroupLogic's hook: wake the heartbeats and claims waiting on the group."""
-        self._wake_claims(group.group_id)
+        self._answer(self._claims, group.group_id)
         self._answer(self._rebalancing, group.group_id)
 
     async def leave_group(self, group_id: str, member_id: str) -> None:
@@ -424,10 +421,8 @@ class GroupCoordinator:
         self.logic.leave(group_id, member_id)
         # the leaver's own waiting heartbeat answers now (the last member's leave starts
         # no rebalance to wake it), so a closing consumer is not held up by it
-        event = self._rebalancing.pop(group_id, None)
-        if event is not None:
-            event.set()
-        self._wake_claims(group_id)
+        self._answer(self._rebalancing, group_id)
+        self._answer(self._claims, group_id)
         self._poke()
 
     # -- offsets ----------------------------------------------------------------------------------
@@ -464,7 +459,7 @@ class GroupCoordinator:
     async def fetch_offsets(self, group_id: str, partitions: list | None = None) -> dict:
         """``{(topic, partition): (offset, metadata)}`` of what the group committed."""
         self._owner(group_id)
-        tps = None if partitions is None else [(t, int(p)) for t, p in partitions]
+        tps = None if partitions is None else _partitions(partitions, "partitions")
         return {tp: (c.offset, c.metadata) for tp, c in self.cache.fetch(group_id, tps).items()}
 
     async def delete_group_offsets(self, group_id: str, partitions: list | None = None) -> int:
@@ -477,7 +472,7 @@ class GroupCoordinator:
         read or written (nothing is deleted when it cannot be read)."""
         self._owner(group_id)
         self._check_no_members(group_id)
-        tps = None if partitions is None else [(t, int(p)) for t, p in partitions]
+        tps = None if partitions is None else _partitions(partitions, "partitions")
         in_zk = self._zk_group_ok(group_id)
         if in_zk:
             if await self._zk(f"reading /consumers/{group_id}/ids",
