@@ -4,6 +4,7 @@ commits, committed offsets surviving the coordinator's broker, and session expir
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -594,22 +595,40 @@ class SlowRevoke(Listener):
         super().on_partitions_revoked(tps)
 
 
-def test_a_moved_partition_is_not_fetched_by_its_new_owner_before_its_old_owner_revoked_it(
-        cluster):
-    """The handover waits for the old owner: while its on_partitions_revoked runs, the
-    new owner neither has the moved partition in its assignment nor reads records written
-    to it meanwhile; once the revoke ends it reads them, from the offset the old owner
-    committed (nothing skipped, nothing twice)."""
-    conf = _handover_topic(cluster, "slow-revoke", 10)
+@contextlib.contextmanager
+def _held_revoke(cluster, name: str, prepare=lambda consumer: None):
+    """A first member of group ``name`` (two partitions of 10 records) whose
+    on_partitions_revoked waits for a gate, and a second consumer joining (``prepare``d
+    before it subscribes), polling: yields (gate, the first's listener, its Poller, the
+    second's Poller) once the first was asked to give a partition up."""
+    conf = _handover_topic(cluster, name, 10)
     gate = threading.Event()
     slow = SlowRevoke(gate)
     pa = _first_member(cluster, conf, slow)
     pb = None
     try:
         b = cluster.consumer(**conf)
-        b.subscribe(["slow-revoke"])
+        prepare(b)
+        b.subscribe([name])
         pb = Poller(b)
         assert slow.revoking.wait(60), "the first member was never asked to give one up"
+        yield gate, slow, pa, pb
+        assert not pa.errors and not pb.errors
+    finally:
+        gate.set()
+        pa.close()
+        if pb is not None:
+            pb.close()
+
+
+def test_a_moved_partition_is_not_fetched_by_its_new_owner_before_its_old_owner_revoked_it(
+        cluster):
+    """The handover waits for the old owner: while its on_partitions_revoked runs, the
+    new owner neither has the moved partition in its assignment nor reads records written
+    to it meanwhile; once the revoke ends it reads them, from the offset the old owner
+    committed (nothing skipped, nothing twice)."""
+    with _held_revoke(cluster, "slow-revoke") as (gate, slow, pa, pb):
+        b = pb.consumer
         with cluster.producer(acks="all") as producer:
             for p in (0, 1):
                 for i in range(5):
@@ -628,12 +647,40 @@ def test_a_moved_partition_is_not_fetched_by_its_new_owner_before_its_old_owner_
                    what="the late records read by the new owner")
         assert pb.offsets(moved[1]) == list(range(10, 15))
         assert sorted(pa.offsets(moved[1])) == list(range(10))
-        assert not pa.errors and not pb.errors
-    finally:
+
+
+class LeaderLookups:
+    """A consumer's metadata, recording the partitions whose leader it looked up."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.asked: list = []
+
+    def leader(self, topic, partition):
+        self.asked.append((topic, partition))
+        return self.inner.leader(topic, partition)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_new_owner_looks_up_a_moved_partitions_leader_while_its_old_owner_revokes(
+        cluster):
+    """A member waiting for a partition to be handed over finds its leader replica (a
+    named-actor lookup, slow the first time in a process) while the old owner still
+    revokes it, not after the handover: the first fetch goes out as soon as the
+    partition is released."""
+    def spy(consumer):
+        consumer.metadata = LeaderLookups(consumer.metadata)
+    with _held_revoke(cluster, "early-lookup", prepare=spy) as (gate, _slow, _pa, pb):
+        b = pb.consumer
+        asked = b.metadata.asked
+        wait_until(lambda: asked, timeout_s=30,
+                   what="the new owner looking up the moved partition's leader")
+        assert b.assignment() == set()         # the old owner's revoke is still held
         gate.set()
-        pa.close()
-        if pb is not None:
-            pb.close()
+        wait_until(lambda: len(b.assignment()) == 1, timeout_s=60, what="the handover")
+        assert asked[0] == next(iter(b.assignment()))
 
 
 class SlowRevokeOnce(Listener):

@@ -419,7 +419,19 @@ class Consumer:
         self._claim = None
         if self._awaiting:
             self._send_claim(0)
+            self._find_leaders(self._awaiting)
             self._check_claim(block=True)
+
+    def _find_leaders(self, tps) -> None:
+        """Look up the leader replicas of ``tps`` (a named-actor lookup each, the first
+        time this process fetches a partition) while their claim is out, so the first
+        fetch after the claim does not wait for it (a traced handover: 75 ms). Never
+        raises: a leader not found now is met again by the fetch."""
+        for tp in tps:
+            try:
+                self.metadata.leader(*tp)
+            except Exception:  # noqa: BLE001 - see above
+                pass
 
     def _send_claim(self, wait_ms: int) -> None:
         """Claim what is awaited (a long poll of ``wait_ms`` at the coordinator)."""
