@@ -33,8 +33,10 @@ values. In this order:
    were told to give up), ``..._partitions_moved`` (owner changed), ``..._resume_s``
    (from the join until the last paused partition is consumed again).
 4. ``failover_s``: with the same set-up (3 members, range), one member actor is killed
-   (``ray.kill``): the time until every partition it owned has a batch processed by
-   another member.
+   (``ray.kill``): the time from its process's end until every partition it owned has a
+   batch processed by another member. ``ray.kill`` only asks Ray's GCS to kill it; under
+   load the member went on heart-beating for up to 2 s after the call, so the time from
+   the call is reported apart (``failover_from_kill_request_s``, ``failover_kill_took_s``).
 
 Goals (the issue's): group >= 2,000,000 records/s and >= 0.8 x no-group; the cooperative
 pause below the eager one (and fewer partitions paused); failover <= session_timeout_ms +
@@ -422,6 +424,9 @@ def failover(cluster, consumer_config: dict) -> dict:
         t_kill = time.time()
         ray.kill(group.handle(victim), no_restart=True)
         group.forget(victim)
+        # ray.kill only asks the GCS: under load the member went on beating for up to
+        # 2 s after it (traced); the failover counts from its process's end
+        t_dead = _wait(lambda: _gone(pid) and time.time(), 60, "the killed member's end")
 
         def resumed():
             seqs = _by_partition(ray.get(recorder.get.remote()), t_kill)
@@ -436,10 +441,28 @@ def failover(cluster, consumer_config: dict) -> dict:
     finally:
         group.stop()
         producer.stop()
-    took = max(firsts.values()) - t_kill
+    took = max(firsts.values()) - t_dead
     return {"failover_s": round(took, 3), "failover_partitions": len(lost),
-            "failover_per_partition_s": {str(p): round(t - t_kill, 3)
-                                         for p, t in sorted(firsts.items())}}
+            "failover_per_partition_s": {str(p): round(t - t_dead, 3)
+                                         for p, t in sorted(firsts.items())},
+            "failover_kill_took_s": round(t_dead - t_kill, 3),
+            "failover_from_kill_request_s": round(max(firsts.values()) - t_kill, 3)}
+
+
+def _gone(pid: int) -> bool:
+    """The process ``pid`` (of this machine: the benchmark's cluster is local) ended: no
+    such process, or a zombie not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except OSError:           # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -546,7 +569,8 @@ def _table(out: dict) -> None:
          f"{fmt(out.get('rebalance_cooperative_paused_partition_s'), '{:.2f}')} partition-s"),
         ("failover s", fmt(out.get("failover_s"), "{:.2f}"),
          f"<= session {out['session_timeout_ms'] / 1000:g} + {GOAL_FAILOVER_SLACK_S:g} s: "
-         f"{fmt(out.get('failover_vs_goal'), '{:.2f}')}x, {met('failover')}"),
+         f"{fmt(out.get('failover_vs_goal'), '{:.2f}')}x, {met('failover')}; "
+         f"from the kill request {fmt(out.get('failover_from_kill_request_s'), '{:.2f}')}"),
     ]
     for what, value, goal in rows:
         say(f"{what:<36}{value:>12}   {goal}")
