@@ -1005,6 +1005,23 @@ def _binary_column(data_buffer, arr, start, length):
     return view.cast(pa.binary())
 
 
+def arrow_numbers(values):
+    """A numpy array of numbers as the pyarrow array of its dtype, sharing its memory.
+    (``pa.array`` and ``pa.scalar`` import pandas where it is installed: a third of a second
+    or more in a fresh process, paid by a consumer's first decode.)"""
+    import pyarrow as pa
+    values = _np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
+                                 [None, pa.py_buffer(values)])
+
+
+def numbers_view(array, dtype=_np.int64):
+    """The values of a pyarrow array of numbers without nulls (``dtype`` its numpy type) as
+    a numpy view: ``to_numpy`` without its pandas import (see arrow_numbers)."""
+    dtype = _np.dtype(dtype)
+    return _np.frombuffer(array.buffers()[1], dtype, len(array), array.offset * dtype.itemsize)
+
+
 def _to_columns(d: _Decoded) -> dict:
     import pyarrow as pa
     n = len(d.offset)
@@ -1012,15 +1029,15 @@ def _to_columns(d: _Decoded) -> dict:
     arr = _np.frombuffer(d.data, _np.uint8)
     data_buffer = pa.py_buffer(d.data)
     if d.headers is None:
-        headers = pa.ListArray.from_arrays(pa.array(_np.zeros(n + 1, _np.int32)),
-                                           pa.array([], headers_t.value_type), type=headers_t)
+        headers = pa.ListArray.from_arrays(arrow_numbers(_np.zeros(n + 1, _np.int32)),
+                                           pa.nulls(0, headers_t.value_type), type=headers_t)
     else:
         headers = pa.array([[{"key": k, "value": v} for k, v in h] for h in d.headers],
                             type=headers_t)
     return {
-        "offset": pa.array(d.offset),
-        "timestamp": pa.array(d.timestamp),
-        "timestamp_type": pa.array(d.timestamp_type),
+        "offset": arrow_numbers(d.offset),
+        "timestamp": arrow_numbers(d.timestamp),
+        "timestamp_type": arrow_numbers(d.timestamp_type),
         "key": _binary_column(data_buffer, arr, d.key_start, d.key_len),
         "value": _binary_column(data_buffer, arr, d.value_start, d.value_len),
         "headers": headers,

@@ -290,3 +290,24 @@ def test_validate_records_counts_records_and_null_keys_without_pyarrow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_records_decoded_into_poll_columns_tables_do_not_import_pandas():
+    """A fetch answer becomes poll_columns' Table without importing pandas (pa.array,
+    pa.scalar and to_numpy do: a third of a second or more in a fresh process, which made
+    a group's members start their partitions that much apart)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys\n"
+        "from storage.records import build\n"
+        "from actors.client.consumer import _columns\n"
+        "data = build([b'v%d' % i for i in range(10)], base_offset=5)\n"
+        "table = _columns(('t', 1), 7, data)\n"
+        "assert table.column('offset').to_pylist() == list(range(7, 15)), table\n"
+        "assert set(table.column('topic').to_pylist()) == {'t'}\n"
+        "print('pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=__import__("pathlib").Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "False"

@@ -754,6 +754,11 @@ class Consumer:
         fetches read it again in the new form."""
         if columnar == self._columnar:
             return
+        if columnar:
+            # before the first poll_columns joins the group, not in the first decode with
+            # partitions assigned (imported there, pyarrow.compute made a group's members
+            # start their partitions up to 0.1 s apart on the 2-core machine)
+            import pyarrow.compute  # noqa: F401
         self._columnar = columnar
         self._unfetch({(r.topic, r.partition) for r in self._buffer}
                       | {tp for tp, _ in self._chunks})
@@ -1139,14 +1144,18 @@ def _columns(tp, offset: int, data):
     import numpy as np
     import pyarrow as pa
 
-    from storage.records import decode_columns
+    from storage.records import arrow_numbers, decode_columns, numbers_view
     columns = decode_columns(data)
     offsets = columns["offset"]
     n = len(offsets)
-    first = int(np.searchsorted(offsets.to_numpy(), offset, side="left")) if n else 0
+    # no pa.scalar, pa.repeat or to_numpy: they import pandas (see arrow_numbers)
+    first = int(np.searchsorted(numbers_view(offsets), offset, side="left"))
+    name = tp[0].encode()
     table = pa.table({
-        "topic": pa.repeat(pa.scalar(tp[0], pa.string()), n),
-        "partition": pa.repeat(pa.scalar(tp[1], pa.int32()), n),
+        "topic": pa.StringArray.from_buffers(    # the topic n times
+            n, pa.py_buffer(np.arange(n + 1, dtype=np.int32) * len(name)),
+            pa.py_buffer(name * n)),
+        "partition": arrow_numbers(np.full(n, tp[1], np.int32)),
         "offset": offsets, "timestamp": columns["timestamp"],
         "timestamp_type": columns["timestamp_type"], "key": columns["key"],
         "value": columns["value"], "headers": columns["headers"]})

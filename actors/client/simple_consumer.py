@@ -36,7 +36,7 @@ import time
 import numpy as np
 import ray
 
-from storage.records import decode_columns, decode_records, iter_headers
+from storage.records import decode_columns, decode_records, iter_headers, numbers_view
 
 from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
 from ..types import Record
@@ -311,7 +311,7 @@ def _table(offset: int, data):
     columns = decode_columns(data)
     table = pa.table(columns)
     if table.num_rows:
-        first = int(np.searchsorted(columns["offset"].to_numpy(), offset, side="left"))
+        first = int(np.searchsorted(numbers_view(columns["offset"]), offset, side="left"))
         if first:
             table = table.slice(first)
     return table
