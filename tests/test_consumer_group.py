@@ -488,6 +488,20 @@ def columns_recording(ledger):
     return process
 
 
+def _group_until(cluster, group_id: str, topic: str, members: int, process_fn, n: int,
+                 **config) -> dict:
+    """Run a consumer group on ``topic`` from its start until it processed ``n`` records;
+    its stats() after stop()."""
+    group = cluster.consumer_group(group_id, [topic], members, process_fn,
+                                   session_timeout_ms=SESSION_MS,
+                                   auto_offset_reset="earliest", **config)
+    try:
+        group.wait_for(lambda s: s["processed"] >= n, timeout_s=90)
+    finally:
+        stats = group.stop()
+    return stats
+
+
 @pytest.mark.parametrize("batch_format", ["pyarrow", "pandas"])
 def test_a_columnar_consumer_group_processes_every_record_and_commits(cluster, batch_format):
     """With batch_format pyarrow (or pandas) two members get their partitions' records as
@@ -497,14 +511,8 @@ def test_a_columnar_consumer_group_processes_every_record_and_commits(cluster, b
     group_id = f"cols-{batch_format}"
     _fill_numbered(cluster, topic, 4, 2000)
     ledger = Ledger.remote()
-    group = cluster.consumer_group(group_id, [topic], 2,
-                                   columns_recording(ledger), batch_format=batch_format,
-                                   session_timeout_ms=SESSION_MS,
-                                   auto_offset_reset="earliest", max_poll_records=300)
-    try:
-        group.wait_for(lambda s: s["processed"] >= 2000, timeout_s=90)
-    finally:
-        stats = group.stop()
+    stats = _group_until(cluster, group_id, topic, 2, columns_recording(ledger), 2000,
+                         batch_format=batch_format, max_poll_records=300)
     assert all(m["state"] == "stopped" for m in stats["members"].values()), stats
     seen = {(p, o) for _, p, o in ray.get(ledger.get.remote())}
     assert seen == {(p, o) for p in range(4) for o in range(500)}
@@ -512,3 +520,23 @@ def test_a_columnar_consumer_group_processes_every_record_and_commits(cluster, b
     with cluster.consumer(group_id=group_id, zookeeper_registry=False) as reader:
         committed = {p: reader.committed((topic, p)) for p in range(4)}
     assert committed == {p: 500 for p in range(4)}
+
+
+def test_a_members_stats_say_when_it_first_got_records_and_last_processed_some(cluster):
+    """stats() of a member: first_poll_at (time.time() when its first poll with records
+    returned) with that poll's record count, and last_processed_at (after its latest
+    batch), in the order the member saw them, within the test's own clock readings;
+    None and 0 for a member that got nothing."""
+    topic = "member-times"
+    _fill_numbered(cluster, topic, 1, 300)
+    before = time.time()
+    stats = _group_until(cluster, "member-times", topic, 2, lambda batch: None, 300,
+                         max_poll_records=100)
+    after = time.time()
+    members = stats["members"].values()
+    (busy,) = [m for m in members if m["processed"]]     # one partition: one member
+    (idle,) = [m for m in members if not m["processed"]]
+    assert before < busy["first_poll_at"] <= busy["last_processed_at"] < after
+    assert 0 < busy["first_poll_records"] <= 100
+    assert (idle["first_poll_at"], idle["first_poll_records"],
+            idle["last_processed_at"]) == (None, 0, None)

@@ -73,6 +73,11 @@ class ConsumerGroupMember:
         self.error: str | None = None
         self.processed = 0
         self.batches = 0
+        #: time.time() when the first poll with records returned, and how many it returned;
+        #: time.time() when the latest poll's records were processed (None: none yet)
+        self.first_poll_at: float | None = None
+        self.first_poll_records = 0
+        self.last_processed_at: float | None = None
         self.commits = 0
         self.commit_failures = 0
         #: the rebalance listener's calls, oldest first: ("revoked" | "assigned", [tp])
@@ -116,6 +121,9 @@ class ConsumerGroupMember:
                 self.state == RUNNING else []
             return {"name": self.name, "state": self.state, "error": self.error,
                     "processed": self.processed, "batches": self.batches,
+                    "first_poll_at": self.first_poll_at,
+                    "first_poll_records": self.first_poll_records,
+                    "last_processed_at": self.last_processed_at,
                     "commits": self.commits, "commit_failures": self.commit_failures,
                     "assignment": assignment, "committed": dict(self.last_commit),
                     "rebalances": list(self.rebalances)}
@@ -154,6 +162,7 @@ class ConsumerGroupMember:
                 else:
                     polled = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
                 if polled:
+                    polled_at = time.time()
                     processed = 0
                     for tp in sorted(polled):
                         batch = polled[tp]
@@ -168,8 +177,11 @@ class ConsumerGroupMember:
                         pending[tp] = following
                         processed += n
                     with self._lock:
+                        if self.first_poll_at is None:
+                            self.first_poll_at, self.first_poll_records = polled_at, processed
                         self.processed += processed
                         self.batches += len(polled)
+                        self.last_processed_at = time.time()
                 if pending and time.monotonic() - self._last_commit_at >= \
                         self.commit_interval_s:
                     self._commit_pending(consumer)
