@@ -296,6 +296,7 @@ def test_records_decoded_into_poll_columns_tables_do_not_import_pandas():
     """A fetch answer becomes poll_columns' Table without importing pandas (pa.array,
     pa.scalar and to_numpy do: a third of a second or more in a fresh process, which made
     a group's members start their partitions that much apart)."""
+    import pathlib
     import subprocess
     import sys
     code = (
@@ -308,6 +309,6 @@ def test_records_decoded_into_poll_columns_tables_do_not_import_pandas():
         "assert set(table.column('topic').to_pylist()) == {'t'}\n"
         "print('pandas' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=__import__("pathlib").Path(__file__).parents[1])
+                         timeout=120, cwd=pathlib.Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "False"
