@@ -546,6 +546,21 @@ def _first_member(cluster, conf: dict, listener) -> Poller:
     return poller
 
 
+def _write_late(cluster, topic: str, partitions) -> None:
+    """Five more records (b"late") to each of ``partitions`` of ``topic``, acks=all."""
+    with cluster.producer(acks="all") as producer:
+        for p in partitions:
+            for _ in range(5):
+                producer.send(topic, b"late", partition=p)
+        producer.flush()
+
+
+def _read_late(poller: Poller, partition: int, what: str) -> None:
+    """``poller`` reads the five late records of ``partition``: offsets 10 to 14, once."""
+    wait_until(lambda: len(poller.offsets(partition)) == 5, timeout_s=60, what=what)
+    assert poller.offsets(partition) == list(range(10, 15))
+
+
 def test_a_cooperative_move_takes_one_generation_and_resumes_at_the_old_owners_commit(
         cluster):
     """cooperative-sticky with the handover: a member joining gets the partition that
@@ -567,13 +582,8 @@ def test_a_cooperative_move_takes_one_generation_and_resumes_at_the_old_owners_c
         assert first.revoked == [[moved]] and second.assigned == [[moved]]
         described = admin.describe_group("handover")
         assert (described["state"], described["generation"]) == ("Stable", generation + 1)
-        with cluster.producer(acks="all") as producer:
-            for i in range(5):
-                producer.send("handover", b"late", partition=moved[1])
-            producer.flush()
-        wait_until(lambda: len(pb.offsets(moved[1])) == 5, timeout_s=60,
-                   what="the late records read by the new owner")
-        assert pb.offsets(moved[1]) == list(range(10, 15))
+        _write_late(cluster, "handover", [moved[1]])
+        _read_late(pb, moved[1], "the late records read by the new owner")
         assert not pa.errors and not pb.errors
     finally:
         pa.close()
@@ -629,11 +639,7 @@ def test_a_moved_partition_is_not_fetched_by_its_new_owner_before_its_old_owner_
     committed (nothing skipped, nothing twice)."""
     with _held_revoke(cluster, "slow-revoke") as (gate, slow, pa, pb):
         b = pb.consumer
-        with cluster.producer(acks="all") as producer:
-            for p in (0, 1):
-                for i in range(5):
-                    producer.send("slow-revoke", b"late", partition=p)
-            producer.flush()
+        _write_late(cluster, "slow-revoke", (0, 1))
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:     # the revoke is held: nothing moves
             assert len(b.assignment()) == 0, b.assignment()
@@ -643,9 +649,7 @@ def test_a_moved_partition_is_not_fetched_by_its_new_owner_before_its_old_owner_
         wait_until(lambda: len(b.assignment()) == 1, timeout_s=60, what="the handover")
         (moved,) = b.assignment()
         assert slow.revoked == [[moved]]
-        wait_until(lambda: len(pb.offsets(moved[1])) == 5, timeout_s=60,
-                   what="the late records read by the new owner")
-        assert pb.offsets(moved[1]) == list(range(10, 15))
+        _read_late(pb, moved[1], "the late records read by the new owner")
         assert sorted(pa.offsets(moved[1])) == list(range(10))
 
 
@@ -681,6 +685,118 @@ def test_a_new_owner_looks_up_a_moved_partitions_leader_while_its_old_owner_revo
         gate.set()
         wait_until(lambda: len(b.assignment()) == 1, timeout_s=60, what="the handover")
         assert asked[0] == next(iter(b.assignment()))
+
+
+@ray.remote(num_cpus=0)
+class Gate:
+    """A gate Ray tasks wait at until the test opens it."""
+
+    def __init__(self):
+        import asyncio
+        self.opened = asyncio.Event()
+
+    async def wait(self):
+        await self.opened.wait()
+
+    async def open(self):
+        self.opened.set()
+
+
+@ray.remote(num_cpus=0)
+def _release_later(gate, handle, group_id, member_id, generation, partitions):
+    ray.get(gate.wait.remote())
+    return ray.get(handle.release_partitions.remote(group_id, member_id, generation,
+                                                    partitions))
+
+
+class _Method:
+    def __init__(self, remote):
+        self.remote = remote
+
+
+class ReleaseVia:
+    """A group coordinator's handle whose ``release_partitions`` goes through
+    ``release(handle, *args)`` (returning an ObjectRef); everything else goes straight."""
+
+    def __init__(self, handle, release):
+        self.handle = handle
+        self.release_partitions = _Method(lambda *args: release(handle, *args))
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+
+def _route_releases(consumer, release) -> None:
+    """Send ``consumer``'s releases through ``release`` (see ReleaseVia)."""
+    member = consumer._group
+    lookup = member.coordinator
+    member.coordinator = lambda: ReleaseVia(lookup(), release)
+
+
+def test_a_member_goes_on_with_what_it_kept_while_its_release_travels(cluster):
+    """A cooperative member that gave a partition up does not wait for the coordinator's
+    answer to its release: while the release is held on its way, its poll returns the
+    records written meanwhile to the partition it kept (the new owner still waits for
+    the moved one); once the release arrives, the new owner reads the moved partition
+    on from the old owner's commit."""
+    conf = _handover_topic(cluster, "held-release", 10)
+    gate = Gate.remote()
+    pa = _first_member(cluster, conf, Listener())
+    a, pb = pa.consumer, None
+    try:
+        _route_releases(a, lambda handle, *args: _release_later.remote(gate, handle, *args))
+        b = cluster.consumer(**conf)
+        b.subscribe(["held-release"])
+        pb = Poller(b)
+        wait_until(lambda: len(a.assignment()) == 1, timeout_s=60,
+                   what="the first member giving a partition up")
+        ((_, kept),) = a.assignment()
+        moved = 1 - kept
+        _write_late(cluster, "held-release", (0, 1))
+        # the old code waited for the release's answer (10 s at most) inside poll
+        wait_until(lambda: len(pa.offsets(kept)) == 15, timeout_s=8,
+                   what="the kept partition's late records while the release is held")
+        assert b.assignment() == set() and pb.got == []
+        ray.get(gate.open.remote())
+        _read_late(pb, moved, "the moved partition's late records read by the new owner")
+        assert sorted(pa.offsets(moved)) == list(range(10))
+        assert not pa.errors and not pb.errors
+    finally:
+        ray.get(gate.open.remote())
+        pa.close()
+        if pb is not None:
+            pb.close()
+
+
+def test_a_release_that_fails_makes_its_member_rejoin_and_the_partition_moves(cluster):
+    """A release the coordinator refuses (here: sent with a stale generation) leaves the
+    moved partition pending and its new owner waiting; the old owner rejoins, and the
+    next generation gives the partition to the new owner, read on from the old owner's
+    commit."""
+    admin = cluster.admin()
+    conf = _handover_topic(cluster, "failed-release", 10)
+    pa = _first_member(cluster, conf, Listener())
+    a, pb = pa.consumer, None
+    try:
+        generation = admin.describe_group("failed-release")["generation"]
+
+        def stale(handle, group_id, member_id, gen, partitions):
+            return handle.release_partitions.remote(group_id, member_id, gen - 1, partitions)
+        _route_releases(a, stale)
+        b = cluster.consumer(**conf)
+        b.subscribe(["failed-release"])
+        pb = Poller(b)
+        wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1,
+                   timeout_s=60, what="the moved partition at its new owner")
+        (moved,) = b.assignment()
+        assert admin.describe_group("failed-release")["generation"] >= generation + 2
+        _write_late(cluster, "failed-release", [moved[1]])
+        _read_late(pb, moved[1], "the moved partition's late records read by the new owner")
+        assert not pa.errors and not pb.errors
+    finally:
+        pa.close()
+        if pb is not None:
+            pb.close()
 
 
 class SlowRevokeOnce(Listener):

@@ -26,8 +26,9 @@ thread heartbeats every ``heartbeat_interval_ms`` independently of how long the 
 takes between polls (KIP-62); when the coordinator answers that the group rebalances, the
 next ``poll`` rejoins: with an eager assignor (range, roundrobin) it first revokes every
 partition (``on_partitions_revoked``, after an auto-commit), with cooperative-sticky only
-the partitions that move (KIP-429), and it then *releases* them at the coordinator. A
-partition that moves is handed over inside the same generation (no second JoinGroup
+the partitions that move (KIP-429), and it then *releases* them at the coordinator
+without waiting for the answer (it goes on with what it kept; a release that failed makes
+it rejoin, which gives the partitions out afresh). A partition that moves is handed over inside the same generation (no second JoinGroup
 round): its new owner gets it in the SyncGroup answer but claims it from the coordinator
 (``GroupMember.claim``, a long poll waited on next to the fetches) and fetches it only once
 its old owner released it, after that owner's commit. New partitions start at the group's
@@ -214,6 +215,7 @@ class Consumer:
         # assigned by the group, not claimed yet (a handover waiting for its release)
         self._awaiting: list[tuple[str, int]] = []
         self._claim = None                        # group.Claim in flight for them
+        self._releases: list = []                 # group.Pending: releases in flight
         self._last_poll = time.monotonic()
         self._last_auto_commit = time.monotonic()
         self._heartbeat_thread: threading.Thread | None = None
@@ -345,6 +347,7 @@ class Consumer:
         if self._group is None or not self._subscribed():
             return
         self._check_claim()
+        self._check_releases()
         if self._heartbeat_thread is None:
             self._heartbeat_thread = threading.Thread(
                 target=self._heartbeat_loop, daemon=True,
@@ -411,7 +414,7 @@ class Consumer:
         lost = [tp for tp in owned if tp not in new]
         if lost:
             self._revoke(lost)
-            self._group.release(lost)     # committed: their new owners may fetch them
+            self._release(lost)           # committed: their new owners may fetch them
         kept = [tp for tp in new if tp in self._assigned]
         if kept != self._assigned:
             self._set_assignment(kept)
@@ -421,6 +424,37 @@ class Consumer:
             self._send_claim(0)
             self._find_leaders(self._awaiting)
             self._check_claim(block=True)
+
+    def _release(self, tps) -> None:
+        """Release ``tps`` at the coordinator without waiting for its answer: poll goes
+        on with the partitions it kept meanwhile (``_check_releases`` reads the answer)."""
+        try:
+            pending = self._group.release(tps)
+        except Exception as exc:  # noqa: BLE001 - as a failed release's answer
+            self._release_failed(tps, self._group.generation, exc)
+            return
+        if pending is not None:
+            self._releases.append((tps, pending))
+
+    def _check_releases(self) -> None:
+        """Read the releases that answered. One that failed (the coordinator moved or
+        died, no answer) left its partitions pending, and their new owner waiting: the
+        member rejoins, so the next generation gives them out afresh."""
+        waiting = []
+        for tps, pending in self._releases:
+            if not pending.ready():
+                waiting.append((tps, pending))
+                continue
+            exc = pending.error()
+            if exc is not None:
+                self._release_failed(tps, pending.generation, exc)
+        self._releases = waiting
+
+    def _release_failed(self, tps, generation: int, exc: BaseException) -> None:
+        log.warning("release of %s in group %r failed: %r; rejoining", list(tps),
+                    self.config["group_id"], unwrap(exc))
+        if self._group.generation == generation:   # else a rejoin settled it already
+            self._rejoin.set()
 
     def _find_leaders(self, tps) -> None:
         """Look up the leader replicas of ``tps`` (a named-actor lookup each, the first

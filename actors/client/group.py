@@ -231,20 +231,22 @@ class GroupMember:
             return False
 
     # -- handover (cooperative assignors) -----------------------------------------------------------
-    def release(self, partitions) -> None:
+    def release(self, partitions) -> "Pending | None":
         """Tell the coordinator this member gave ``partitions`` up (after committing what
-        it processed of them): their new owners may fetch them. A failure is logged only:
-        an unreleased partition is freed by the next rebalance (a coordinator that moved,
-        this member's session ending)."""
+        it processed of them): their new owners may fetch them. Returns at once (None
+        without a membership): the caller goes on with what it kept while the release
+        travels, and looks at ``Pending.error()`` once ``ready()``; a release that failed
+        leaves the partitions pending at the coordinator until the group rebalances, so
+        the caller rejoins (``Consumer._check_releases``)."""
         with self._lock:
             member_id, generation = self.member_id, self.generation
         if not member_id or not partitions:
-            return
-        try:
-            self._call("release_partitions", self.group_id, member_id, generation,
-                       [list(tp) for tp in partitions], timeout_s=10)
-        except Exception as exc:  # noqa: BLE001 - see above
-            log.info("release of %s in group %r: %r", list(partitions), self.group_id, exc)
+            return None
+        handle = self.coordinator()
+        ref = handle.release_partitions.remote(self.group_id, member_id, generation,
+                                               [list(tp) for tp in partitions])
+        return Pending(self, ref, f"release of {[tuple(tp) for tp in partitions]}",
+                       generation, timeout_s=10)
 
     def claim(self, partitions, wait_ms: int = 0) -> "Claim":
         """Ask the coordinator which of ``partitions`` (this member's, just assigned) no
@@ -255,8 +257,8 @@ class GroupMember:
         handle = self.coordinator()
         ref = handle.claim_partitions.remote(self.group_id, member_id, generation,
                                              [list(tp) for tp in partitions], int(wait_ms))
-        return Claim(self, ref, [tuple(tp) for tp in partitions],
-                     timeout_s=10 + wait_ms / 1000)
+        tps = [tuple(tp) for tp in partitions]
+        return Claim(self, ref, f"claim of {tps}", generation, timeout_s=10 + wait_ms / 1000)
 
     def leave(self) -> None:
         if not self.member_id:
@@ -325,37 +327,57 @@ class GroupMember:
         raise last
 
 
-class Claim:
-    """A claim in flight (``GroupMember.claim``): ``result()`` gives ``{(topic, partition):
-    committed offset or None}`` of the partitions this member may fetch now (the
-    configured offsets storage's committed offset, as ``GroupMember.committed``), or
-    raises the coordinator's typed error (RebalanceInProgressError and the generation
-    errors: rejoin)."""
+class Pending:
+    """A call to the coordinator in flight (``GroupMember.release``, ``claim``), made as
+    member of ``generation``: ``ready()`` once answered (or past its timeout), ``get()``
+    its answer or the coordinator's typed error (a coordinator that moved or died is
+    looked up again at the next call), ``error()`` that error or None."""
 
-    def __init__(self, member: GroupMember, ref, partitions: list, timeout_s: float):
+    def __init__(self, member: GroupMember, ref, what: str, generation: int,
+                 timeout_s: float):
         self.member = member
         self.ref = ref
-        self.partitions = partitions
+        self.what = what
+        self.generation = generation
         self.expires_s = time.monotonic() + timeout_s
 
     def ready(self) -> bool:
         done, _ = _ray().wait([self.ref], timeout=0)
         return bool(done) or time.monotonic() >= self.expires_s
 
-    def result(self) -> dict:
+    def get(self):
         ray = _ray()
         member = self.member
         try:
-            got = ray.get(self.ref, timeout=max(self.expires_s - time.monotonic(), 0.001))
+            return ray.get(self.ref, timeout=max(self.expires_s - time.monotonic(), 0.001))
         except ray.exceptions.GetTimeoutError:
-            raise KafkaTimeoutError(f"claim of {self.partitions} in group "
-                                    f"{member.group_id!r}: no answer") from None
+            raise KafkaTimeoutError(f"{self.what} in group {member.group_id!r}: "
+                                    f"no answer") from None
         except Exception as exc:  # noqa: BLE001 - the coordinator's typed error
             err = unwrap(exc)
             if isinstance(err, _MOVED) or isinstance(err, ray.exceptions.RayActorError):
                 with member._lock:
                     member._handle = None
             raise err from None
+
+    def error(self) -> BaseException | None:
+        try:
+            self.get()
+        except Exception as exc:  # noqa: BLE001 - the answer asked for
+            return exc
+        return None
+
+
+class Claim(Pending):
+    """A claim in flight (``GroupMember.claim``): ``result()`` gives ``{(topic, partition):
+    committed offset or None}`` of the partitions this member may fetch now (the
+    configured offsets storage's committed offset, as ``GroupMember.committed``), or
+    raises the coordinator's typed error (RebalanceInProgressError and the generation
+    errors: rejoin)."""
+
+    def result(self) -> dict:
+        member = self.member
+        got = self.get()
         ready = [tuple(tp) for tp in got]
         if not ready:
             return {}
