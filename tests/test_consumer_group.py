@@ -528,10 +528,23 @@ def test_a_members_stats_say_when_it_first_got_records_and_last_processed_some(c
     batch), in the order the member saw them, within the test's own clock readings;
     None and 0 for a member that got nothing."""
     topic = "member-times"
-    _fill_numbered(cluster, topic, 1, 300)
-    before = time.time()
-    stats = _group_until(cluster, "member-times", topic, 2, lambda batch: None, 300,
-                         max_poll_records=100)
+    cluster.admin().create_topic(topic, partitions=1, replication_factor=1)
+    group = cluster.consumer_group("member-times", [topic], 2, lambda batch: None,
+                                   session_timeout_ms=SESSION_MS, auto_offset_reset="earliest",
+                                   max_poll_records=100)
+    try:
+        # both members in one stable generation before any record exists, so the one
+        # partition stays with one member (a member joining late could take it over)
+        wait_until(lambda: (_coordinator_owners(cluster, "member-times") or {})
+                   .get("members") == 2, timeout_s=60, what="both members in the group")
+        before = time.time()
+        with cluster.producer(acks="all", linger_ms=5) as producer:
+            for i in range(300):
+                producer.send(topic, b"%d" % i)
+            producer.flush()
+        group.wait_for(lambda s: s["processed"] >= 300, timeout_s=90)
+    finally:
+        stats = group.stop()
     after = time.time()
     members = stats["members"].values()
     (busy,) = [m for m in members if m["processed"]]     # one partition: one member
