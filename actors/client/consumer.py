@@ -28,8 +28,8 @@ next ``poll`` rejoins: with an eager assignor (range, roundrobin) it first revok
 partition (``on_partitions_revoked``, after an auto-commit), with cooperative-sticky only
 the partitions that move (KIP-429), and it then *releases* them at the coordinator
 without waiting for the answer (it goes on with what it kept; a release that failed makes
-it rejoin, which gives the partitions out afresh). A partition that moves is handed over inside the same generation (no second JoinGroup
-round): its new owner gets it in the SyncGroup answer but claims it from the coordinator
+it rejoin, which gives the partitions out afresh). A partition that moves is handed over
+inside the same generation (no second JoinGroup round): its new owner gets it in the SyncGroup answer but claims it from the coordinator
 (``GroupMember.claim``, a long poll waited on next to the fetches) and fetches it only once
 its old owner released it, after that owner's commit. New partitions start at the group's
 committed offset (which the claim answers; else per ``auto_offset_reset``) and are
@@ -431,28 +431,28 @@ class Consumer:
         try:
             pending = self._group.release(tps)
         except Exception as exc:  # noqa: BLE001 - as a failed release's answer
-            self._release_failed(tps, self._group.generation, exc)
+            self._release_failed(f"release of {list(tps)}", self._group.generation, exc)
             return
         if pending is not None:
-            self._releases.append((tps, pending))
+            self._releases.append(pending)
 
     def _check_releases(self) -> None:
         """Read the releases that answered. One that failed (the coordinator moved or
         died, no answer) left its partitions pending, and their new owner waiting: the
         member rejoins, so the next generation gives them out afresh."""
         waiting = []
-        for tps, pending in self._releases:
+        for pending in self._releases:
             if not pending.ready():
-                waiting.append((tps, pending))
+                waiting.append(pending)
                 continue
             exc = pending.error()
             if exc is not None:
-                self._release_failed(tps, pending.generation, exc)
+                self._release_failed(pending.what, pending.generation, exc)
         self._releases = waiting
 
-    def _release_failed(self, tps, generation: int, exc: BaseException) -> None:
-        log.warning("release of %s in group %r failed: %r; rejoining", list(tps),
-                    self.config["group_id"], unwrap(exc))
+    def _release_failed(self, what: str, generation: int, exc: BaseException) -> None:
+        log.warning("%s in group %r failed: %r; rejoining", what, self.config["group_id"],
+                    unwrap(exc))
         if self._group.generation == generation:   # else a rejoin settled it already
             self._rejoin.set()
 
