@@ -69,6 +69,7 @@ sys.path.insert(0, ROOT)
 
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
 from benchmarks.common import finish, phase, ratio, say  # noqa: E402
+from coordination.zk_server import pid_alive  # noqa: E402
 
 GOAL_GROUP_RECORDS_PER_S = 2_000_000
 GOAL_GROUP_VS_NOGROUP = 0.8
@@ -436,7 +437,7 @@ def failover(cluster, consumer_config: dict) -> dict:
         # ray.kill only asks the GCS: under load the member went on beating for up to
         # 2 s after it (traced); the failover counts from its process's end, checked
         # every 5 ms (50 ms would make the failover up to 50 ms shorter than it was)
-        t_dead = _wait(lambda: _gone(pid) and time.time(), 60, "the killed member's end",
+        t_dead = _wait(lambda: not pid_alive(pid) and time.time(), 60, "the killed member's end",
                        interval_s=0.005)
 
         def resumed():
@@ -458,22 +459,6 @@ def failover(cluster, consumer_config: dict) -> dict:
                                          for p, t in sorted(firsts.items())},
             "failover_kill_took_s": round(t_dead - t_kill, 3),
             "failover_from_kill_request_s": round(max(firsts.values()) - t_kill, 3)}
-
-
-def _gone(pid: int) -> bool:
-    """The process ``pid`` (of this machine: the benchmark's cluster is local) ended: no
-    such process, or a zombie not reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-    except OSError:           # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
 
 
 # -- the run -----------------------------------------------------------------------------------
