@@ -36,6 +36,7 @@ from .config import LogConfig
 from .errors import (CorruptRecordError, InvalidRecordError, KafkaStorageError,
                      OffsetOutOfRangeError, RecordTooLargeError)
 from .cleaner import CleanResult, clean
+from .legacy import to_v2
 from .loader import load, swap_range_path
 from .records import (MAGIC_POS, BatchHeader, assign_offsets, check_batch_crc,
                       iter_headers)
@@ -266,7 +267,7 @@ class Log:
         if buf is None:
             raise InvalidRecordError(f"records must be bytes-like, not {type(records).__name__}")
         if len(buf) > MAGIC_POS and buf[MAGIC_POS] in (0, 1):
-            buf = records_mod.to_v2(bytes(buf))
+            buf = to_v2(bytes(buf))
         if len(buf) == 0:
             raise InvalidRecordError("an append needs at least one record batch")
         config = self.config

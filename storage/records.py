@@ -35,7 +35,8 @@ validation, offset assignment) and, below it, the record codec:
 - ``decode_records(buf)`` / ``decode_columns(buf)`` / ``iter_batches(buf)``: every batch of a
   buffer of concatenated batches (a log read); ``Record`` is (offset, timestamp,
   timestamp_type, key, value, headers).
-- ``upconvert(buf)`` / ``to_v2(buf)``: the seed's v0/v1 messages (see ``storage.legacy``).
+- The seed's v0/v1 messages (``upconvert(buf)`` / ``to_v2(buf)``) are ``storage.legacy``'s,
+  which builds on this module; this module does not import it (one direction only).
 
 Decoding always checks the CRC and every length, and bounds decompression
 (``max_decompressed_bytes``, default 64 MiB per batch); bad bytes raise CorruptRecordError
@@ -1129,15 +1130,3 @@ class RecordBatch:
         return (f"RecordBatch(base_offset={h.base_offset}, records={h.records_count}, "
                 f"codec={_compression.CODEC_NAMES.get(h.compression, h.compression)}, "
                 f"size={h.size})")
-
-
-def upconvert(buf, **kwargs) -> bytes:
-    """See ``storage.legacy.upconvert`` (re-exported here for one import site)."""
-    from .legacy import upconvert as _upconvert
-    return _upconvert(buf, **kwargs)
-
-
-def to_v2(buf, **kwargs) -> bytes:
-    """See ``storage.legacy.to_v2``."""
-    from .legacy import to_v2 as _to_v2
-    return _to_v2(buf, **kwargs)

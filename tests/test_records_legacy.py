@@ -8,6 +8,7 @@ import pytest
 
 from storage import compression
 from storage.legacy import build_legacy, iter_legacy, to_v2, upconvert
+from storage.log import Log
 from storage.records import (CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CREATE_TIME,
                              LOG_APPEND_TIME, Record, build, decode_records, parse_header)
 
@@ -90,3 +91,12 @@ def test_to_v2_passes_v2_through():
     assert to_v2(v2) is v2
     with pytest.raises(compression.CorruptRecordError):
         to_v2(v2 + b"\x00")
+
+
+def test_a_log_appends_a_legacy_message_set_as_one_v2_batch(tmp_path):
+    """Log.append up-converts a v0/v1 message set (storage.legacy, which the log imports
+    itself: storage.records does not) and stores the v2 batch with its records."""
+    with Log.open(str(tmp_path)) as log:
+        assert log.append(build_legacy(ROWS, magic=1, codec=CODEC_GZIP)) == (0, 3)
+        assert [(r.offset, r.key, r.value) for r in decode_records(log.read(0))] == [
+            (i, k, v) for i, (k, v, _) in enumerate(ROWS)]
