@@ -271,18 +271,21 @@ class Log:
         if len(buf) == 0:
             raise InvalidRecordError("an append needs at least one record batch")
         config = self.config
-        # A large leader append checks its CRCs in another thread while its bytes are written
-        # (see _write): the check costs about a quarter of the append otherwise (measured).
-        overlap_crc = (assign_offsets and not config.log_append_time
-                       and len(buf) >= OVERLAPPED_CRC_MIN_BYTES)
-        headers = list(iter_headers(buf, check_crc=not overlap_crc))
+        overlap_crc = False
         if validate_records or (assign_offsets and config.compact):
-            # every record walked and checked in place: no records or columns are built
-            found = records_mod.validate_records(buf)
+            # every record walked and checked in place, CRCs included: no records or columns
+            # are built, and the batches are not walked or checksummed a second time
+            headers, found = records_mod.checked_batches(buf)
             if assign_offsets and config.compact and found.null_keys:
                 raise InvalidRecordError(
                     f"compacted topic cannot accept a record without a key "
                     f"({found.null_keys} of {found.records} records have none)")
+        else:
+            # A large leader append checks its CRCs in another thread while its bytes are
+            # written (see _write): the check costs about a quarter of the append otherwise.
+            overlap_crc = (assign_offsets and not config.log_append_time
+                           and len(buf) >= OVERLAPPED_CRC_MIN_BYTES)
+            headers = list(iter_headers(buf, check_crc=not overlap_crc))
         with self._lock:
             self._check_open()
             for h in headers:

@@ -639,20 +639,27 @@ class _Decoded(NamedTuple):
     headers: list | None  # per-record header lists; None when no record has any
 
 
-def _gather(buf, *, max_decompressed_bytes: int, skip_control_batches: bool):
-    """(batch headers, joined records data + padding, start of each batch's records in it).
-    Validates framing and CRC of every batch (trailing bytes included) and decompresses."""
+def _gather(buf, *, max_decompressed_bytes: int, skip_control_batches: bool,
+            in_place: bool = False):
+    """(batch headers, records data, start and end of each batch's records in it).
+    Validates framing and CRC of every batch (trailing bytes included) and decompresses.
+
+    The data is the batches' record regions joined and padded with ``_PAD``; with
+    ``in_place``, when ``buf`` is ``bytes`` and no batch is compressed, it is ``buf`` itself
+    (no copy and no padding: vectorised reads past its end clip, see ``varint.decode_at``)."""
     mv = memoryview(buf)
     batches: list[BatchHeader] = []
     parts: list = []
-    starts: list[int] = []
-    total = 0
+    firsts: list[int] = []  # where each region starts in buf
+    compressed = False
     for header in iter_headers(buf):
         if skip_control_batches and header.is_control:
             continue
-        region = mv[header.position + HEADER_SIZE:header.position + header.size]
+        first = header.position + HEADER_SIZE
+        region = mv[first:header.position + header.size]
         codec = header.compression
         if codec != CODEC_NONE:
+            compressed = True
             region = _compression.decompress(codec, region, max_bytes=max_decompressed_bytes)
         count = header.records_count
         if count * MIN_RECORD_BYTES > len(region):
@@ -661,10 +668,12 @@ def _gather(buf, *, max_decompressed_bytes: int, skip_control_batches: bool):
                 f"claims {count} records but has only {len(region)} bytes of records")
         batches.append(header)
         parts.append(region)
-        starts.append(total)
-        total += len(region)
+        firsts.append(first)
+    if in_place and not compressed and type(buf) is bytes:
+        return batches, buf, firsts, [f + len(r) for f, r in zip(firsts, parts)]
+    ends = list(_itertools.accumulate(len(r) for r in parts))
     parts.append(_PAD)
-    return batches, b"".join(parts), starts, total
+    return batches, b"".join(parts), [e - len(r) for e, r in zip(ends, parts)], ends
 
 
 class _Runs:
@@ -783,20 +792,19 @@ class _Scan(NamedTuple):
 
 
 def _scan(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-          skip_control_batches: bool = False) -> _Scan:
+          skip_control_batches: bool = False, in_place: bool = False) -> _Scan:
     """Walk every record of the v2 batches in ``buf`` and check its structure: framing and
     CRC of each batch, records filling their batch exactly, each record's varints bounded,
     key and value inside the record, a non-negative header count, and the record ending
     where its length says (checked here for records without headers; ``_check_headers``
     or ``_parse_headers`` does it for the others). Builds no per-record Python objects."""
-    batches, data, region_starts, n_data = _gather(
+    batches, data, region_starts, region_ends = _gather(
         buf, max_decompressed_bytes=max_decompressed_bytes,
-        skip_control_batches=skip_control_batches)
+        skip_control_batches=skip_control_batches, in_place=in_place)
     arr = _np.frombuffer(data, _np.uint8)
     counts = _np.array([h.records_count for h in batches], _np.int64)
     n = int(counts.sum())
     runs = _Runs()
-    region_ends = region_starts[1:] + [n_data]
     for header, start, end in zip(batches, region_starts, region_ends):
         _chain(data, arr, start, end, header.records_count, runs, header)
     starts, lens, lsz = runs.arrays(n)
@@ -844,11 +852,19 @@ def validate_records(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRES
     CRC32C, varints, lengths, counts, headers; trailing bytes are corrupt) without building
     records or columns: what a leader does with a client's produce request. Raises
     CorruptRecordError (or UnsupportedCodecError / UnsupportedVersionError)."""
-    sc = _scan(buf, max_decompressed_bytes=max_decompressed_bytes)
+    return checked_batches(buf, max_decompressed_bytes=max_decompressed_bytes)[1]
+
+
+def checked_batches(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+                    ) -> tuple[list[BatchHeader], RecordsSummary]:
+    """``validate_records`` that also returns the header of every batch it checked (CRC
+    included), so a leader's append need not walk and checksum the batches again. A
+    ``bytes`` request of uncompressed batches is read in place, without a copy."""
+    sc = _scan(buf, max_decompressed_bytes=max_decompressed_bytes, in_place=True)
     for i in _np.flatnonzero(sc.header_count).tolist():
         _parse_headers(sc.data, int(sc.headers_pos[i]), int(sc.ends[i]),
                        int(sc.header_count[i]))
-    return RecordsSummary(len(sc.key_len), int(_np.count_nonzero(sc.key_len < 0)))
+    return sc.batches, RecordsSummary(len(sc.key_len), int(_np.count_nonzero(sc.key_len < 0)))
 
 
 def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,

@@ -130,12 +130,13 @@ def decode_at(data: np.ndarray, positions: np.ndarray, max_bytes: int,
               what: str = "varint") -> tuple[np.ndarray, np.ndarray]:
     """Decode the zig-zag varint at each of ``positions`` of uint8 ``data``.
 
-    Returns (values int64, sizes int64). ``data`` must extend at least ``max_bytes`` past
-    every position (callers pad it) so no read can go out of bounds; callers then check that
-    each field ends inside its record. Raises CorruptRecordError for a varint longer than
-    ``max_bytes``.
+    Returns (values int64, sizes int64). Reads may run past a record's end (callers then
+    check that each field ends inside its record) and past the end of ``data``: there they
+    clip, reading its last byte again, so a varint cut off by the end of ``data`` either
+    grows longer than ``max_bytes`` or ends past every record (never an IndexError).
+    Raises CorruptRecordError for a varint longer than ``max_bytes``.
     """
-    byte = data[positions]
+    byte = data.take(positions)
     cont = byte >= 0x80
     if not cont.any():  # all one byte: the common case for lengths and deltas
         b = byte.astype(np.int64)
@@ -153,13 +154,13 @@ def decode_at(data: np.ndarray, positions: np.ndarray, max_bytes: int,
                 f"{what} at position {bad} is longer than {max_bytes} bytes")
         shift = np.uint64(7 * k)
         if active * 4 >= len(positions):  # most continue: whole-array steps are cheaper
-            byte = data[positions + k]
+            byte = data.take(positions + k, mode="clip")
             u |= ((byte & 0x7F).astype(np.uint64) << shift) * cont
             size += cont
             cont &= byte >= 0x80
         else:  # a few long ones: touch only those
             idx = np.flatnonzero(cont)
-            byte = data[positions[idx] + k]
+            byte = data.take(positions[idx] + k, mode="clip")
             u[idx] |= (byte & 0x7F).astype(np.uint64) << shift
             size[idx] += 1
             cont[idx] = byte >= 0x80

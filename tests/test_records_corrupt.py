@@ -102,6 +102,20 @@ def test_overlong_varints():
     _raises(_batch(b"\x80" * 6 + GOOD_BODY, 1), match="longer than 5")  # record length
 
 
+def test_varints_cut_off_by_the_end_of_the_request():
+    """A field whose varint still continues at the last byte of the request is refused with
+    CorruptRecordError by every reader, validate_records too (it reads a bytes request in
+    place, unpadded: its vectorised reads past the end must clip, not raise IndexError)."""
+    fields = [b"\x00", vi(0), vi(0), vi(1) + b"k", vi(1) + b"v", vi(0)]
+    for cut in range(1, len(fields)):
+        for tail in (b"\x80", b"\xff\xff", b"\x80" * 4):
+            body = b"".join(fields[:cut]) + tail
+            data = _batch(_record(body), 1)
+            assert type(data) is bytes and data.endswith(tail)
+            _raises(data)
+            _raises(build([b"ok"] * 3) + data)  # the cut-off record in a later batch
+
+
 def test_unknown_magic_and_codec():
     """Unknown magic raises UnsupportedVersionError; codec 4-7 UnsupportedCodecError."""
     _raises(_batch(_record(GOOD_BODY), 1, magic=3), exc=UnsupportedVersionError)
