@@ -319,9 +319,11 @@ class Cluster:
         ``batch_format`` ("records", "pyarrow": a Table per partition and poll, the fast
         path, or "pandas"). See actors/client/consumer_group.py."""
         from .client.consumer_group import ConsumerGroup
+        # the members attach with Cluster.connect, handed to them: client/ never imports
+        # this module (the composition root), so the import graph has no cycle
         return ConsumerGroup(self, group_id, topics, num_members, process_fn,
-                             pattern=pattern, consumer_config=consumer_config,
-                             actor_options=actor_options)
+                             connect=Cluster.connect, pattern=pattern,
+                             consumer_config=consumer_config, actor_options=actor_options)
 
     # -- faults and restarts ---------------------------------------------------------------------------
     def kill_broker(self, broker_id: int) -> None:

@@ -7,7 +7,8 @@ processing its partitions with a user function, committing after processing.
     group.stop()
 
 Each member is a threaded Ray actor (``ConsumerGroupMember``) that attaches to the cluster
-with ``Cluster.connect(namespace)`` and runs one ``Consumer(group_id=...)`` with auto-commit
+with the ``connect(namespace)`` the composition root hands it (``Cluster.connect``: client/
+never imports actors.cluster) and runs one ``Consumer(group_id=...)`` with auto-commit
 off, in a loop:
 
 1. ``poll`` (which joins, rejoins and heartbeats as the group protocol says);
@@ -56,12 +57,15 @@ _names = itertools.count()
 
 class ConsumerGroupMember:
     """One member: a Consumer in the group and the process/commit loop on a thread. Made a
-    Ray actor by ConsumerGroup; usable in-process too (tests)."""
+    Ray actor by ConsumerGroup; usable in-process too (tests). ``connect(namespace)``
+    returns a cluster handle in the member's process (``Cluster.connect``)."""
 
     def __init__(self, namespace: str, group_id: str, topics: list[str], pattern: str | None,
                  process_fn: Callable, consumer_config: dict, name: str,
-                 commit_interval_ms: int = 0, batch_format: str = "records"):
+                 commit_interval_ms: int = 0, batch_format: str = "records", *,
+                 connect: Callable):
         self.namespace = namespace
+        self.connect = connect
         self.batch_format = batch_format
         self.group_id = group_id
         self.topics = list(topics)
@@ -96,8 +100,7 @@ class ConsumerGroupMember:
     # -- control (actor methods) ---------------------------------------------------------------
     def start(self) -> str:
         """Join the group and start the loop; returns the member's name."""
-        from ..cluster import Cluster
-        cluster = Cluster.connect(self.namespace)
+        cluster = self.connect(self.namespace)
         config = {**self.consumer_config, "group_id": self.group_id,
                   "enable_auto_commit": False,
                   "client_id": self.consumer_config.get("client_id", self.name)}
@@ -236,12 +239,15 @@ class ConsumerGroupMember:
 
 class ConsumerGroup:
     """Handle on the member actors of one group, made by ``Cluster.consumer_group``. See the
-    module docstring. ``with cluster.consumer_group(...) as group:`` stops it on exit."""
+    module docstring. ``with cluster.consumer_group(...) as group:`` stops it on exit.
+    ``connect(namespace)`` is how a member attaches to ``cluster`` from its own process
+    (``Cluster.connect``, passed in by the composition root)."""
 
     def __init__(self, cluster, group_id: str, topics=(), num_members: int = 1,
-                 process_fn: Callable | None = None, *, pattern: str | None = None,
-                 consumer_config: dict | None = None, actor_options: dict | None = None,
-                 commit_interval_ms: int = 0, batch_format: str = "records"):
+                 process_fn: Callable | None = None, *, connect: Callable,
+                 pattern: str | None = None, consumer_config: dict | None = None,
+                 actor_options: dict | None = None, commit_interval_ms: int = 0,
+                 batch_format: str = "records"):
         if not isinstance(group_id, str) or not group_id:
             raise InvalidConfigurationError(f"group_id must be a non-empty string, got "
                                             f"{group_id!r}")
@@ -284,6 +290,7 @@ class ConsumerGroup:
         from .config import validate_config
         validate_config({**consumer_config, "group_id": group_id}, DEFAULTS, "consumer")
         self.cluster = cluster
+        self.connect = connect
         self.group_id = group_id
         self.topics = topics
         self.pattern = pattern
@@ -316,7 +323,7 @@ class ConsumerGroup:
                 **self.actor_options).remote(
                 self.cluster.namespace, self.group_id, self.topics, self.pattern,
                 self.process_fn, self.consumer_config, name, self.commit_interval_ms,
-                self.batch_format)
+                self.batch_format, connect=self.connect)
             starting.append((name, handle))
         if starting:
             try:
