@@ -645,8 +645,8 @@ def _gather(buf, *, max_decompressed_bytes: int, skip_control_batches: bool,
     Validates framing and CRC of every batch (trailing bytes included) and decompresses.
 
     The data is the batches' record regions joined and padded with ``_PAD``; with
-    ``in_place``, when ``buf`` is ``bytes`` and no batch is compressed, it is ``buf`` itself
-    (no copy and no padding: vectorised reads past its end clip, see ``varint.decode_at``)."""
+    ``in_place``, when no batch is compressed, it is ``buf`` itself (bytes, or a byte view of
+    it: no copy and no padding; vectorised reads past its end clip, see ``varint.decode_at``)."""
     mv = memoryview(buf)
     batches: list[BatchHeader] = []
     parts: list = []
@@ -669,8 +669,9 @@ def _gather(buf, *, max_decompressed_bytes: int, skip_control_batches: bool,
         batches.append(header)
         parts.append(region)
         firsts.append(first)
-    if in_place and not compressed and type(buf) is bytes:
-        return batches, buf, firsts, [f + len(r) for f, r in zip(firsts, parts)]
+    if in_place and not compressed and mv.c_contiguous:
+        data = buf if type(buf) is bytes else mv if mv.format == "B" else mv.cast("B")
+        return batches, data, firsts, [f + len(r) for f, r in zip(firsts, parts)]
     ends = list(_itertools.accumulate(len(r) for r in parts))
     parts.append(_PAD)
     return batches, b"".join(parts), [e - len(r) for e, r in zip(ends, parts)], ends
@@ -859,7 +860,7 @@ def checked_batches(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESS
                     ) -> tuple[list[BatchHeader], RecordsSummary]:
     """``validate_records`` that also returns the header of every batch it checked (CRC
     included), so a leader's append need not walk and checksum the batches again. A
-    ``bytes`` request of uncompressed batches is read in place, without a copy."""
+    request of uncompressed batches is read in place, without a copy."""
     sc = _scan(buf, max_decompressed_bytes=max_decompressed_bytes, in_place=True)
     for i in _np.flatnonzero(sc.header_count).tolist():
         _parse_headers(sc.data, int(sc.headers_pos[i]), int(sc.ends[i]),
@@ -900,7 +901,7 @@ def _parse_headers(data: bytes, pos: int, end: int, count: int) -> list:
         if k_len < 0 or pos + k_len > end:
             raise CorruptRecordError(f"header key length {k_len} at byte {pos} out of bounds")
         try:
-            h_key = data[pos:pos + k_len].decode("utf-8")
+            h_key = str(data[pos:pos + k_len], "utf-8")  # data may be a memoryview
         except UnicodeDecodeError as exc:
             raise CorruptRecordError(f"header key at byte {pos} is not UTF-8: {exc}") from None
         pos += k_len

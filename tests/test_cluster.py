@@ -235,6 +235,33 @@ def test_produce_and_fetch_through_the_leader_round_trip(cluster):
     admin.delete_topic("roundtrip")
 
 
+def test_a_replica_actors_local_channel_serves_its_log_and_fails_fast_when_it_dies(cluster):
+    """A leader replica actor's channel (address asked once through Ray) produces and
+    fetches the same log as its Ray methods; killing the actor fails a long poll parked on
+    the channel at once, not at its max_wait_ms."""
+    import time
+
+    from actors.server.replica_channel import ReplicaChannel, wait
+    admin = cluster.admin()
+    admin.create_topic("channel", partitions=1)
+    leader = cluster.metadata.leader("channel", 0)
+    chan = ReplicaChannel(ray.get(leader.handle.channel_address.remote(), timeout=60))
+    try:
+        assert wait(chan.produce(build([b"a", b"b"]), acks=-1), 10).last_offset == 1
+        ray.get(leader.handle.produce.remote(build([b"c"]), -1, 1000))
+        assert [r.value for r in decode_records(wait(chan.fetch(0, 1 << 20), 10).data)] == \
+            [b"a", b"b", b"c"]
+        parked = chan.fetch(3, 1 << 20, max_wait_ms=120_000)
+        started = time.monotonic()
+        ray.kill(leader.handle)
+        with pytest.raises(NotLeaderForPartitionError):
+            wait(parked, 60)
+        assert time.monotonic() - started < 60
+    finally:
+        chan.close()
+        admin.delete_topic("channel")
+
+
 def test_two_clusters_in_one_ray_do_not_interfere(cluster):
     """A second Cluster.start (another namespace) has its own ZooKeeper, data and topics."""
     other = Cluster.start(num_brokers=1, namespace=unique_namespace("other"),

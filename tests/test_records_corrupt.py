@@ -104,8 +104,9 @@ def test_overlong_varints():
 
 def test_varints_cut_off_by_the_end_of_the_request():
     """A field whose varint still continues at the last byte of the request is refused with
-    CorruptRecordError by every reader, validate_records too (it reads a bytes request in
-    place, unpadded: its vectorised reads past the end must clip, not raise IndexError)."""
+    CorruptRecordError by every reader, validate_records too (it reads a request in place,
+    bytes or a view, unpadded: its vectorised reads past the end must clip, not raise
+    IndexError)."""
     fields = [b"\x00", vi(0), vi(0), vi(1) + b"k", vi(1) + b"v", vi(0)]
     for cut in range(1, len(fields)):
         for tail in (b"\x80", b"\xff\xff", b"\x80" * 4):
@@ -114,6 +115,9 @@ def test_varints_cut_off_by_the_end_of_the_request():
             assert type(data) is bytes and data.endswith(tail)
             _raises(data)
             _raises(build([b"ok"] * 3) + data)  # the cut-off record in a later batch
+            for view in (bytearray(data), memoryview(data)):
+                with pytest.raises(CorruptRecordError):
+                    validate_records(view)
 
 
 def test_unknown_magic_and_codec():
@@ -228,11 +232,13 @@ def _check_decoders(data):
     except CORRUPT:
         with pytest.raises(CORRUPT):
             decode_columns(data, max_decompressed_bytes=1 << 20)
-        with pytest.raises(CORRUPT):
-            validate_records(data, max_decompressed_bytes=1 << 20)
+        for form in (data, memoryview(bytearray(data))):  # read in place, bytes or a view
+            with pytest.raises(CORRUPT):
+                validate_records(form, max_decompressed_bytes=1 << 20)
         return
-    summary = validate_records(data, max_decompressed_bytes=1 << 20)
-    assert summary == (len(records), sum(r.key is None for r in records))
+    for form in (data, memoryview(bytearray(data))):
+        summary = validate_records(form, max_decompressed_bytes=1 << 20)
+        assert summary == (len(records), sum(r.key is None for r in records))
     cols = decode_columns(data, max_decompressed_bytes=1 << 20)
     assert cols["value"].to_pylist() == [r.value for r in records]
     assert cols["offset"].to_pylist() == [r.offset for r in records]

@@ -16,6 +16,9 @@ Requests (all return plain data; errors are raised as actors.errors classes):
     list_offsets(time_ms, max_offsets)                    leader -> [offsets] (the seed's API)
     become_leader / become_follower (..., zk_version)     from the broker, for the controller
     fence()                                               from the broker: ZooKeeper session lost
+    channel_address()                                     the local channel serving produce
+                                                          and fetch without a Ray call each
+                                                          (server/replica_channel.py)
     state()                                               a dict for describe/tests
 
 Cost: an RF=1 leader has no fetcher, no ISR thread and no HW checkpoint writes while it
@@ -173,6 +176,7 @@ class PartitionReplica:
         self._isr_blocked = False      # a stale zk_version: wait for the next LeaderAndIsr
         self._isr_retry_at_ms = 0
         self._fetcher: ReplicaFetcher | None = None
+        self._channel = None           # ReplicaChannelServer, started by channel_address
         self.alter_partition_fn = None  # tests may inject; else the Broker actor is called
         self.isr_proposals = 0
         # flush.ms, retention, compaction: a thread that sleeps until something is due
@@ -351,6 +355,14 @@ class PartitionReplica:
     def produce(self, batch, acks: int = -1, timeout_ms: int = 30000) -> ProduceResult:
         """Append as leader. acks=0/1 answer after the append; acks=-1 waits until the HW
         passes the batch (docs/replication.md lists every other answer)."""
+        result, leadership = self.append_as_leader(batch, acks)
+        if acks == -1 and not self.acked(result.last_offset):
+            self._await_replication(result.last_offset, leadership, timeout_ms)
+        return result
+
+    def append_as_leader(self, batch, acks: int = -1) -> tuple[ProduceResult, int]:
+        """The append half of ``produce``: (its answer, the leadership it was made under,
+        for ``await_acks``). The local channel runs it in arrival order and waits apart."""
         if acks not in (0, 1, -1):
             raise IllegalArgumentError(f"acks must be 0, 1 or -1 (all), got {acks!r}")
         with self._lock:
@@ -366,11 +378,16 @@ class PartitionReplica:
                 self._changed.notify_all()        # followers' long polls: new data
         self.upkeep.after_append()
         # the timestamp the log stamped (LogAppendTime), never a second clock reading
-        result = ProduceResult(appended.base_offset, appended.last_offset,
-                               appended.log_append_time_ms, self.log.log_start_offset)
-        if acks == -1 and self._hw <= appended.last_offset:
-            self._await_replication(appended.last_offset, leadership, timeout_ms)
-        return result
+        return ProduceResult(appended.base_offset, appended.last_offset,
+                             appended.log_append_time_ms, self.log.log_start_offset), leadership
+
+    def acked(self, last_offset: int) -> bool:
+        """Has the HW passed ``last_offset`` (an acks=-1 produce may answer)?"""
+        return self._hw > last_offset
+
+    def await_acks(self, last_offset: int, leadership: int, timeout_ms: int) -> None:
+        """The wait half of an acks=-1 ``produce`` (see ``append_as_leader``)."""
+        self._await_replication(last_offset, leadership, timeout_ms)
 
     def _await_replication(self, last_offset: int, leadership: int, timeout_ms: int) -> None:
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
@@ -745,6 +762,18 @@ class PartitionReplica:
         return self.epoch_cache.entries
 
     # -- lifecycle --------------------------------------------------------------------------
+    def channel_address(self) -> str:
+        """The address of this replica's local channel (server/replica_channel.py), started
+        on the first ask: produce and fetch over a Unix socket, without a Ray call each."""
+        with self._lock:
+            if self._stopped:
+                raise NotLeaderForPartitionError(
+                    f"{self.topic}-{self.partition} on broker {self.broker_id} is stopped")
+            if self._channel is None:
+                from .replica_channel import ReplicaChannelServer
+                self._channel = ReplicaChannelServer(self)
+            return self._channel.address
+
     def upkeep_stats(self) -> dict:
         """How often the upkeep thread woke and ran (tests, benchmarks)."""
         return self.upkeep.stats()
@@ -757,8 +786,11 @@ class PartitionReplica:
             self._leadership += 1
             self._generation += 1
             fetcher, self._fetcher = self._fetcher, None
+            channel, self._channel = self._channel, None
             self._changed.notify_all()
             self._isr_wake.notify_all()
+        if channel is not None:
+            channel.close()
         if fetcher is not None:
             fetcher.stop()
         self.upkeep.close()

@@ -1,0 +1,360 @@
+"""The local channel between a broker's process and its partition replica actors.
+
+A Ray actor call costs about 1 ms of CPU on this kind of machine (docs/dataplane.md); a
+request on a Unix-domain socket costs tens of microseconds. A PartitionReplica therefore
+serves its data-plane requests (produce, consumer fetch) on a socket of its own as well as
+through Ray: ``ReplicaChannelServer`` runs in the replica's process, ``ReplicaChannel`` is
+the broker-side end (the Kafka listener's request handlers, a follower broker's fetcher).
+Ray stays the control plane: the replica's address is asked once through Ray
+(``PartitionReplica.channel_address``), and a replica that dies closes its sockets, which
+fails every request in flight on them at once (never a hang).
+
+Address: a Linux abstract Unix socket named ``raykafka/<random hex>``: nothing on disk to
+clean up after a killed replica, a new name for every incarnation (a restarted replica is
+never mistaken for its predecessor), and only processes of the same user are served (the
+peer's uid is checked with SO_PEERCRED at accept).
+
+Frames (little-endian; private to this module and versioned by nothing but the code both
+ends run, since both ends are started from one installation):
+
+    request   u32 size (of what follows) | u32 request id | u8 op | body
+      PRODUCE   i8 acks | i32 timeout_ms | record batches (the rest)
+      FETCH     i64 offset | i32 max_bytes | i32 max_wait_ms | i32 min_bytes | u8 isolation
+    response  u32 size | u32 request id | u8 status | body
+      OK PRODUCE  i64 base_offset | i64 last_offset | i64 log_append_time_ms
+                  | i64 log_start_offset
+      OK FETCH    i64 high_watermark | i64 log_start_offset | i64 log_end_offset | batches
+      ERROR       u16 class-name size | class name (an actors.errors class) | message
+
+Ordering: a connection's produce requests are appended in the order they arrive (the
+append runs on the connection's reader thread; only an acks=all wait for the ISR moves to
+a worker thread), so a broker that forwards one client connection's requests in order keeps
+Kafka's per-partition ordering. Fetches run on worker threads (long polls park there);
+responses carry the request id and may come back in any order.
+
+Bounds: a frame larger than ``max_frame_bytes`` closes the connection before anything is
+allocated for it; at most ``max_workers`` requests wait at once per replica (the rest queue).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import socket
+import struct
+import threading
+
+from .. import errors as _errors
+from ..errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError
+from ..protocol import FetchResult, ProduceResult
+
+PRODUCE = 1
+FETCH = 2
+OK = 0
+ERROR = 1
+ISOLATION = {"high_watermark": 0, "log_end": 1}
+_ISOLATION_NAMES = {v: k for k, v in ISOLATION.items()}
+
+_SIZE = struct.Struct("<I")
+_REQ = struct.Struct("<IIB")           # size, request id, op
+_RESP = struct.Struct("<IIB")          # size, request id, status
+_PRODUCE = struct.Struct("<bi")        # acks, timeout_ms
+_FETCH = struct.Struct("<qiiiB")       # offset, max_bytes, max_wait_ms, min_bytes, isolation
+_PRODUCED = struct.Struct("<qqqq")     # base, last, log_append_time, log_start
+_FETCHED = struct.Struct("<qqq")       # hw, log_start, log_end
+_NAME = struct.Struct("<H")
+
+DEFAULT_MAX_FRAME_BYTES = 128 << 20    # above message.max.bytes of any sane topic
+DEFAULT_MAX_WORKERS = 8                # as the replica actor's max_concurrency
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray | None:
+    """``n`` bytes from ``sock`` into one buffer; None at a clean end of stream before any."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            if got == 0:
+                return None
+            raise ConnectionError(f"connection closed {got} bytes into a {n}-byte frame")
+        got += k
+    return buf
+
+
+def _error_frame(request_id: int, exc: BaseException) -> list:
+    cls = type(exc) if isinstance(exc, KafkaError) else KafkaError
+    name = cls.__name__.encode()
+    text = str(exc).encode("utf-8", "replace")
+    size = 4 + 1 + _NAME.size + len(name) + len(text)
+    return [_RESP.pack(size, request_id, ERROR) + _NAME.pack(len(name)) + name + text]
+
+
+def _raise_error(body: memoryview) -> None:
+    (n,) = _NAME.unpack_from(body, 0)
+    name = bytes(body[_NAME.size:_NAME.size + n]).decode()
+    text = bytes(body[_NAME.size + n:]).decode("utf-8", "replace")
+    cls = getattr(_errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, KafkaError)):
+        cls = KafkaError
+    raise cls(text)
+
+
+class ReplicaChannelServer:
+    """The replica's end: an accept thread and one reader thread per connection, serving
+    ``replica`` (a PartitionReplica: ``append_as_leader``, ``await_acks``, ``fetch``).
+    Thread-safe; ``close`` ends every connection and waits for nothing else."""
+
+    def __init__(self, replica, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_workers: int = DEFAULT_MAX_WORKERS):
+        self.replica = replica
+        self.max_frame_bytes = max_frame_bytes
+        self.address = "\0raykafka/" + os.urandom(12).hex()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.address)
+        self._sock.listen(16)
+        self._uid = os.getuid()
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            max_workers, thread_name_prefix="channel-work")
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept_loop, daemon=True,
+                         name="channel-accept").start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns), set()
+        for s in [self._sock, *conns]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return                                   # closed
+            uid = struct.unpack("3i", conn.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+            with self._lock:
+                if self._closed or uid != self._uid:
+                    conn.close()
+                    continue
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name="channel-conn").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        send_lock = threading.Lock()
+
+        def send(parts: list) -> None:
+            with send_lock:
+                try:
+                    conn.sendmsg(parts) if len(parts) > 1 else conn.sendall(parts[0])
+                except OSError:
+                    pass                                 # the reader sees the end
+
+        try:
+            while True:
+                head = _recv_exactly(conn, _SIZE.size)
+                if head is None:
+                    return
+                (size,) = _SIZE.unpack(head)
+                if size < 5 or size > self.max_frame_bytes:
+                    return                               # refused before allocating
+                frame = _recv_exactly(conn, size)
+                if frame is None:
+                    return
+                request_id, op = struct.unpack_from("<IB", frame, 0)
+                self._handle(request_id, op, memoryview(frame)[5:], send)
+        except (OSError, ConnectionError):
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _handle(self, request_id: int, op: int, body: memoryview, send) -> None:
+        try:
+            if op == PRODUCE:
+                acks, timeout_ms = _PRODUCE.unpack_from(body, 0)
+                batch = body[_PRODUCE.size:]
+                # the append here, in arrival order; only the wait for the ISR elsewhere
+                result, leadership = self.replica.append_as_leader(batch, acks)
+                if acks == -1 and not self.replica.acked(result.last_offset):
+                    self._workers.submit(self._await, request_id, result, leadership,
+                                         timeout_ms, send)
+                    return
+                send(self._produced(request_id, result))
+            elif op == FETCH:
+                offset, max_bytes, max_wait_ms, min_bytes, iso = _FETCH.unpack_from(body, 0)
+                args = (offset, max_bytes, max_wait_ms, min_bytes, _ISOLATION_NAMES[iso])
+                if max_wait_ms > 0:
+                    self._workers.submit(self._fetch, request_id, args, send)
+                else:
+                    self._fetch(request_id, args, send)
+            else:
+                raise KafkaError(f"unknown channel op {op}")
+        except Exception as exc:  # noqa: BLE001 - every failure is the requester's answer
+            send(_error_frame(request_id, exc))
+
+    @staticmethod
+    def _produced(request_id: int, result: ProduceResult) -> list:
+        body = _PRODUCED.pack(result.base_offset, result.last_offset,
+                              result.log_append_time_ms, result.log_start_offset)
+        return [_RESP.pack(5 + len(body), request_id, OK) + body]
+
+    def _await(self, request_id, result, leadership, timeout_ms, send) -> None:
+        try:
+            self.replica.await_acks(result.last_offset, leadership, timeout_ms)
+        except Exception as exc:  # noqa: BLE001
+            send(_error_frame(request_id, exc))
+            return
+        send(self._produced(request_id, result))
+
+    def _fetch(self, request_id, args, send) -> None:
+        try:
+            r = self.replica.fetch(*args[:4], isolation=args[4])
+        except Exception as exc:  # noqa: BLE001
+            send(_error_frame(request_id, exc))
+            return
+        head = _FETCHED.pack(r.high_watermark, r.log_start_offset, r.log_end_offset)
+        send([_RESP.pack(5 + len(head) + len(r.data), request_id, OK) + head, r.data])
+
+
+class ReplicaChannel:
+    """The broker's end of one replica's channel: requests return
+    ``concurrent.futures.Future`` objects (ProduceResult / FetchResult, or the replica's
+    typed error). Thread-safe. When the connection ends (the replica died or stopped),
+    every request in flight fails with NotLeaderForPartitionError, as does every later one:
+    the caller asks Ray for the replica's current address and opens a new channel."""
+
+    def __init__(self, address: str, *, connect_timeout_s: float = 5.0,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+        self.address = address
+        self.max_frame_bytes = max_frame_bytes
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(connect_timeout_s)
+        try:
+            self._sock.connect(address)
+        except OSError as exc:
+            self._sock.close()
+            raise NotLeaderForPartitionError(
+                f"replica channel {address[1:]!r} refused the connection: {exc}") from None
+        self._sock.settimeout(None)
+        self._lock = threading.Lock()               # ids, pending map, sends
+        self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
+        self._next_id = 0
+        self._dead: BaseException | None = None
+        threading.Thread(target=self._read_loop, daemon=True, name="channel-read").start()
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def produce(self, batch, acks: int = -1, timeout_ms: int = 30000
+                ) -> concurrent.futures.Future:
+        return self._request(PRODUCE, [_PRODUCE.pack(acks, timeout_ms)], batch)
+
+    def fetch(self, offset: int, max_bytes: int = 1 << 20, max_wait_ms: int = 0,
+              min_bytes: int = 1, *, isolation: str = "high_watermark"
+              ) -> concurrent.futures.Future:
+        head = _FETCH.pack(offset, max_bytes, max_wait_ms, min_bytes, ISOLATION[isolation])
+        return self._request(FETCH, [head], None)
+
+    def close(self) -> None:
+        self._fail(NotLeaderForPartitionError(f"replica channel {self.address[1:]!r} closed"))
+
+    def _request(self, op: int, parts: list, payload) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        size = 5 + sum(len(p) for p in parts) + (len(payload) if payload is not None else 0)
+        if size > self.max_frame_bytes:
+            future.set_exception(_errors.RecordTooLargeError(
+                f"a request of {size} bytes exceeds the channel's {self.max_frame_bytes}"))
+            return future
+        with self._lock:
+            if self._dead is not None:
+                future.set_exception(self._dead)
+                return future
+            request_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            self._pending[request_id] = (op, future)
+            frame = [_REQ.pack(size, request_id, op), *parts]
+            if payload is not None and len(payload):
+                frame.append(payload)
+            try:
+                total = sum(len(p) for p in frame)
+                sent = self._sock.sendmsg(frame)
+                if sent < total:                      # finish a short send, in order
+                    self._sock.sendall(b"".join(bytes(p) for p in frame)[sent:])
+            except OSError as exc:
+                self._pending.pop(request_id, None)
+                future.set_exception(NotLeaderForPartitionError(
+                    f"replica channel {self.address[1:]!r} failed: {exc}"))
+        return future
+
+    def _read_loop(self) -> None:
+        why: BaseException = NotLeaderForPartitionError(
+            f"replica channel {self.address[1:]!r}: the replica closed it")
+        try:
+            while True:
+                head = _recv_exactly(self._sock, _SIZE.size)
+                if head is None:
+                    break
+                (size,) = _SIZE.unpack(head)
+                if size < 5 or size > self.max_frame_bytes + 64:
+                    why = NotLeaderForPartitionError(f"bad response frame of {size} bytes")
+                    break
+                frame = _recv_exactly(self._sock, size)
+                if frame is None:
+                    break
+                request_id, status = struct.unpack_from("<IB", frame, 0)
+                with self._lock:
+                    op, future = self._pending.pop(request_id, (None, None))
+                if future is not None:
+                    self._complete(op, status, memoryview(frame)[5:], future)
+        except (OSError, ConnectionError) as exc:
+            why = NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r} failed: {exc}")
+        self._fail(why)
+
+    @staticmethod
+    def _complete(op, status, body: memoryview, future) -> None:
+        try:
+            if status != OK:
+                _raise_error(body)
+            if op == PRODUCE:
+                future.set_result(ProduceResult(*_PRODUCED.unpack_from(body, 0)))
+            else:
+                hw, start, end = _FETCHED.unpack_from(body, 0)
+                future.set_result(FetchResult(bytes(body[_FETCHED.size:]), hw, start, end))
+        except KafkaError as exc:
+            future.set_exception(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = exc
+            pending, self._pending = self._pending, {}
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        for _, future in pending.values():
+            if not future.done():
+                future.set_exception(exc)
+
+
+def wait(future: concurrent.futures.Future, timeout_s: float):
+    """The result of a channel request, or KafkaTimeoutError after ``timeout_s``."""
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise KafkaTimeoutError(f"no answer from the replica channel in {timeout_s}s") from None

@@ -1,0 +1,191 @@
+"""The local channel to a partition replica (actors/server/replica_channel.py): produce and
+fetch over a Unix socket, with the replica's answers and errors, its ordering and bounds."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from actors.errors import (CorruptRecordError, IllegalArgumentError, KafkaTimeoutError,
+                           NotEnoughReplicasError, NotLeaderForPartitionError)
+from actors.server import replica_channel
+from actors.server.replica import PartitionReplica
+from actors.server.replica_channel import ReplicaChannel, wait
+from storage.records import build, decode_records
+
+
+@pytest.fixture
+def leader(tmp_path):
+    replica = PartitionReplica("chan", 0, 0, str(tmp_path), {})
+    replica.become_leader(0, [0], [0])
+    yield replica
+    replica.stop()
+
+
+def _values(data) -> list:
+    return [r.value for r in decode_records(data)]
+
+
+def test_produce_and_fetch_through_the_channel_answer_what_the_replica_answers(leader):
+    """Batches produced over the channel get the replica's offsets and are read back by a
+    fetch over the channel with the HW, log start and log end the replica reports."""
+    chan = ReplicaChannel(leader.channel_address())
+    try:
+        first = wait(chan.produce(build([b"a", b"b", b"c"]), acks=1), 5)
+        second = wait(chan.produce(build([b"d"]), acks=-1), 5)
+        assert (first.base_offset, first.last_offset) == (0, 2)
+        assert (second.base_offset, second.last_offset) == (3, 3)
+        got = wait(chan.fetch(0, 1 << 20), 5)
+        assert _values(got.data) == [b"a", b"b", b"c", b"d"]
+        assert (got.high_watermark, got.log_start_offset, got.log_end_offset) == (4, 0, 4)
+        assert got == leader.fetch(0, 1 << 20)
+    finally:
+        chan.close()
+
+
+def test_a_connections_produce_requests_are_appended_in_the_order_sent(leader):
+    """Two hundred requests sent back to back without waiting are appended in send order
+    (the append runs on the connection's reader thread, in arrival order)."""
+    chan = ReplicaChannel(leader.channel_address())
+    try:
+        futures = [chan.produce(build([b"%d" % i]), acks=1) for i in range(200)]
+        offsets = [wait(f, 10).base_offset for f in futures]
+        assert offsets == list(range(200))
+        assert _values(leader.fetch(0, 1 << 20).data) == [b"%d" % i for i in range(200)]
+    finally:
+        chan.close()
+
+
+def test_the_replicas_typed_errors_come_back_as_the_same_classes(leader, tmp_path):
+    """A corrupt batch, bad acks, too small an ISR and a follower's refusal reach the
+    caller as the actors.errors classes the replica raised, with their messages."""
+    chan = ReplicaChannel(leader.channel_address())
+    try:
+        bad = bytearray(build([b"x"]))
+        bad[-1] ^= 0xFF
+        with pytest.raises(CorruptRecordError, match="CRC"):
+            wait(chan.produce(bytes(bad), acks=1), 5)
+        with pytest.raises(IllegalArgumentError, match="acks"):
+            wait(chan.produce(build([b"x"]), acks=2), 5)
+        leader.update_config({}, min_insync_replicas=2)
+        with pytest.raises(NotEnoughReplicasError, match="min.insync.replicas=2"):
+            wait(chan.produce(build([b"x"]), acks=-1), 5)
+        assert leader.log.log_end_offset == 0          # nothing refused was written
+    finally:
+        chan.close()
+    follower = PartitionReplica("chan", 1, 1, str(tmp_path), {})
+    try:
+        follower.become_follower(0, 0, [0, 1], [0, 1])
+        chan = ReplicaChannel(follower.channel_address())
+        with pytest.raises(NotLeaderForPartitionError, match="not the leader"):
+            wait(chan.produce(build([b"x"]), acks=1), 5)
+        chan.close()
+    finally:
+        follower.stop()
+
+
+def test_a_long_poll_waits_for_data_without_holding_up_produce(leader):
+    """A fetch with max_wait_ms parks on a worker thread: a produce on the same connection
+    is answered meanwhile, and the parked fetch answers with its records."""
+    chan = ReplicaChannel(leader.channel_address())
+    try:
+        parked = chan.fetch(0, 1 << 20, max_wait_ms=10_000, min_bytes=1)
+        time.sleep(0.05)                 # let it park (the assertions hold either way)
+        assert not parked.done()
+        wait(chan.produce(build([b"late"]), acks=1), 5)
+        assert _values(wait(parked, 5).data) == [b"late"]
+    finally:
+        chan.close()
+
+
+def test_an_acks_all_wait_does_not_block_the_connection(tmp_path):
+    """A leader with a follower: an acks=-1 produce waits for the ISR on a worker thread
+    while acks=1 produces behind it on the same connection are answered; it answers once
+    the follower's fetch moves the HW past it."""
+    replica = PartitionReplica("wait", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0, 1], [0, 1])
+        chan = ReplicaChannel(replica.channel_address())
+        waiting = chan.produce(build([b"all"]), acks=-1, timeout_ms=10_000)
+        assert wait(chan.produce(build([b"one"]), acks=1), 5).base_offset == 1
+        assert not waiting.done()
+        replica.replica_fetch(1, 2, 0, 1 << 20, 0)    # the follower has both records
+        assert wait(waiting, 5).base_offset == 0
+        chan.close()
+    finally:
+        replica.stop()
+
+
+def test_stopping_the_replica_fails_requests_in_flight_at_once(tmp_path):
+    """The replica stops while a long poll is parked on its channel: the poll fails with
+    NotLeaderForPartitionError at once (not at its max_wait_ms), and so does every later
+    request on that channel."""
+    replica = PartitionReplica("stop", 0, 0, str(tmp_path), {})
+    replica.become_leader(0, [0], [0])
+    chan = ReplicaChannel(replica.channel_address())
+    parked = chan.fetch(0, 1 << 20, max_wait_ms=60_000)
+    started = time.monotonic()
+    replica.stop()
+    with pytest.raises(NotLeaderForPartitionError):
+        wait(parked, 10)
+    assert time.monotonic() - started < 10
+    with pytest.raises(NotLeaderForPartitionError):
+        wait(chan.produce(build([b"x"]), acks=1), 5)
+    assert not chan.alive
+    with pytest.raises(NotLeaderForPartitionError):
+        replica.channel_address()                  # a stopped replica has none
+    with pytest.raises(NotLeaderForPartitionError, match="refused"):
+        ReplicaChannel(chan.address)               # nobody listens there any more
+
+
+def test_an_oversized_or_garbage_frame_closes_only_that_connection(leader):
+    """A frame header claiming more than max_frame_bytes, and a frame of an unknown op, do
+    not crash the server: the first connection is closed before anything is allocated, the
+    second gets an error answer, and a new connection is served normally."""
+    address = leader.channel_address()
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(address)
+    raw.sendall(struct.pack("<I", replica_channel.DEFAULT_MAX_FRAME_BYTES + 1))
+    raw.settimeout(5)
+    assert raw.recv(16) == b""                      # closed by the server
+    raw.close()
+    chan = ReplicaChannel(address)
+    try:
+        with pytest.raises(Exception, match="unknown channel op 9"):
+            wait(chan._request(9, [b"junk"], None), 5)
+        assert wait(chan.produce(build([b"ok"]), acks=1), 5).base_offset == 0
+    finally:
+        chan.close()
+
+
+def test_many_threads_share_one_channel(leader):
+    """Eight threads producing and fetching on one channel each get their own answers."""
+    chan = ReplicaChannel(leader.channel_address())
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(50):
+                wait(chan.produce(build([b"%d-%d" % (k, i)]), acks=1), 10)
+                wait(chan.fetch(0, 1024), 10)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    chan.close()
+    assert errors == []
+    assert leader.log.log_end_offset == 400
+
+
+def test_wait_gives_up_with_kafka_timeout_error():
+    """``wait`` on a request nobody answers raises KafkaTimeoutError after its timeout."""
+    with pytest.raises(KafkaTimeoutError):
+        wait(concurrent.futures.Future(), 0.05)
