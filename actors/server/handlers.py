@@ -1,0 +1,556 @@
+"""Request handling for the Kafka listener (Kafka's KafkaApis): one handler per API, over a
+``Backend`` that holds the data and metadata.
+
+``KafkaApis(backend).handle(request)`` decodes the body of a ``network.Request``, asks the
+backend, and returns the response frame (``wire.encode_response_parts``), None (Produce
+with acks=0), or a Future of either (a long-poll Fetch parked in the purgatory, a Produce
+whose backend answers later). APIs: exactly those in ``KafkaApis.versions()``, which is
+also what ApiVersions advertises.
+
+Per-partition failures are the backend's typed errors (actors.errors), answered as Kafka's
+error codes (``wire.error_code``); every requested partition gets an entry in the answer,
+errors included (kafka-python discards a Fetch response that omits one).
+
+The purgatory (``Purgatory``, Kafka's DelayedOperationPurgatory): a parked operation waits
+on keys ((topic, partition)); ``KafkaApis.notify(topic, partition)`` (called by the backend
+after an append or a high watermark move) tries the operations waiting on that key, and
+one expiry thread completes the rest at their deadlines. An operation completes exactly
+once, on whichever thread gets there first.
+
+Thread-safe: KafkaApis keeps no per-request state outside the purgatory (which has its own
+lock); the backend must be thread-safe when the listener runs io threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+from .. import wire
+from ..errors import (FencedLeaderEpochError, InvalidRecordError, KafkaError,
+                      UnknownLeaderEpochError)
+from ..protocol import EpochEndOffset, FetchResult, ProduceResult
+from .network import Request
+
+log = logging.getLogger(__name__)
+
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
+_ERR = wire.ERRORS_BY_NAME
+
+
+# -- what the handlers need of a broker -----------------------------------------------------
+@dataclass(frozen=True)
+class BrokerEndpoint:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionMetadata:
+    partition: int
+    leader: int                             # -1: none
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    offline_replicas: tuple[int, ...] = ()
+    error: KafkaError | None = None         # e.g. LeaderNotAvailableError
+
+
+class Backend(Protocol):
+    """The data and metadata the handlers serve (a Broker, or ``LogBackend`` in one
+    process). Methods raise actors.errors' typed errors for a partition they cannot serve
+    (UnknownTopicOrPartitionError, NotLeaderForPartitionError, OffsetOutOfRangeError...)."""
+
+    cluster_id: str | None
+
+    def brokers(self) -> list[BrokerEndpoint]: ...
+
+    def controller_id(self) -> int: ...
+
+    def topics(self) -> list[str]: ...
+
+    def partitions(self, topic: str) -> list[PartitionMetadata] | None:
+        """The topic's partitions, None when there is no such topic."""
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The epoch of the leader this broker holds for the partition (raises if it is
+        not the leader)."""
+
+    def append(self, topic: str, partition: int, records: memoryview, *, acks: int,
+               timeout_ms: int) -> "ProduceResult | concurrent.futures.Future":
+        """Append a client's batches as the leader; for acks=-1 the result (or its future)
+        comes when the in-sync replicas have them."""
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, *,
+             replica_id: int, isolation_level: int) -> FetchResult:
+        """Whole batches from ``offset``: up to the high watermark for consumers
+        (``replica_id`` < 0), the log end for a follower broker; about ``max_bytes`` of
+        them but at least one whole batch, none when ``max_bytes`` < 0 (the offsets
+        only). OffsetOutOfRangeError outside [log start, log end]."""
+
+    def list_offset(self, topic: str, partition: int, timestamp: int, *,
+                    isolation_level: int) -> tuple[int, int]:
+        """(timestamp, offset) for ListOffsets: -1 latest, -2 earliest, else the first
+        record with a timestamp >= it ((-1, -1) when none)."""
+
+    def end_offset_for_epoch(self, topic: str, partition: int,
+                             leader_epoch: int) -> EpochEndOffset: ...
+
+
+# -- the purgatory --------------------------------------------------------------------------
+class DelayedOperation:
+    """An answer waiting for a condition or its deadline. Subclasses give ``ready`` (is
+    the condition met?) and ``complete(expired)``; ``force_complete`` runs ``complete``
+    once only."""
+
+    def __init__(self, deadline_s: float):
+        self.deadline_s = deadline_s
+        self.keys: tuple = ()
+        self._lock = threading.Lock()
+        self.done = False
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def complete(self, expired: bool) -> None:
+        raise NotImplementedError
+
+    def force_complete(self, expired: bool = False) -> bool:
+        with self._lock:
+            if self.done:
+                return False
+            self.done = True
+        try:
+            self.complete(expired)
+        except Exception:
+            log.exception("delayed operation %r failed to complete", self)
+        return True
+
+    def try_complete(self) -> bool:
+        return not self.done and self.ready() and self.force_complete()
+
+
+class Purgatory:
+    """Parked operations by key, and one thread that expires them at their deadlines.
+    ``max_operations`` bounds how many can wait (past it an operation completes at once,
+    as if expired)."""
+
+    def __init__(self, name: str = "purgatory", *, max_operations: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._watchers: dict[Any, set[DelayedOperation]] = {}
+        self._heap: list[tuple[float, int, DelayedOperation]] = []
+        self._seq = itertools.count()
+        self._max = max_operations
+        self._closed = False
+        self._thread = threading.Thread(target=self._expire_loop, name=name, daemon=True)
+        self._thread.start()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._heap)
+
+    def park(self, op: DelayedOperation, keys: Iterable) -> None:
+        """Complete ``op`` now if it is ready, else watch ``keys`` for it until its
+        deadline (ready is asked again after watching: a notify in between is not lost)."""
+        if op.try_complete():
+            return
+        op.keys = tuple(keys)
+        with self._lock:
+            if self._closed or len(self._heap) >= self._max:
+                full = True
+            else:
+                full = False
+                for key in op.keys:
+                    self._watchers.setdefault(key, set()).add(op)
+                heapq.heappush(self._heap, (op.deadline_s, next(self._seq), op))
+                self._lock.notify()
+        if full:
+            op.force_complete(expired=True)
+            return
+        if op.try_complete():
+            self._forget(op)
+
+    def notify(self, key) -> int:
+        """Try the operations waiting on ``key``; how many completed."""
+        with self._lock:
+            ops = list(self._watchers.get(key, ()))
+        completed = 0
+        for op in ops:
+            if op.try_complete():
+                completed += 1
+                self._forget(op)
+        return completed
+
+    def _forget(self, op: DelayedOperation) -> None:
+        with self._lock:
+            for key in op.keys:
+                waiting = self._watchers.get(key)
+                if waiting is not None:
+                    waiting.discard(op)
+                    if not waiting:
+                        del self._watchers[key]
+
+    def _expire_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed:
+                    while self._heap and self._heap[0][2].done:
+                        heapq.heappop(self._heap)      # completed early: drop
+                    if self._heap and self._heap[0][0] <= self._clock():
+                        break
+                    wait = self._heap[0][0] - self._clock() if self._heap else None
+                    self._lock.wait(wait)
+                if self._closed:
+                    ops = [op for _, _, op in self._heap]
+                    self._heap.clear()
+                    self._watchers.clear()
+                else:
+                    ops = [heapq.heappop(self._heap)[2]]
+            for op in ops:
+                if op.force_complete(expired=True):
+                    self._forget(op)
+            if self._closed:
+                return
+
+    def close(self) -> None:
+        """Complete everything still waiting (as expired) and stop the thread."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(5.0)
+
+
+# -- the handlers --------------------------------------------------------------------------
+def _topic_results(requested, answer: Callable[[str, dict], dict], topic_key: str,
+                   partitions_key: str) -> list:
+    return [{topic_key: t[topic_key],
+             partitions_key: [answer(t[topic_key], p) for p in t["partitions"]]}
+            for t in requested]
+
+
+def _check_epoch(current: int, epoch: int) -> None:
+    """Fence a request carrying another leader epoch than the leader's (KIP-320)."""
+    if current < 0 or current == epoch:
+        return
+    if current < epoch:
+        raise FencedLeaderEpochError(f"request epoch {current} < leader epoch {epoch}")
+    raise UnknownLeaderEpochError(f"request epoch {current} > leader epoch {epoch}")
+
+
+def _code(exc: BaseException) -> int:
+    if not isinstance(exc, KafkaError):
+        log.error("unexpected error answering a request", exc_info=exc)
+    return wire.error_code(exc)
+
+
+class KafkaApis:
+    """The request handler a ``network.SocketServer`` calls (see the module docstring)."""
+
+    def __init__(self, backend: Backend, *, purgatory: Purgatory | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.backend = backend
+        self._clock = clock
+        self._own_purgatory = purgatory is None
+        self.fetch_purgatory = purgatory or Purgatory("fetch-purgatory", clock=clock)
+        self._handlers = {
+            wire.API_VERSIONS: self.api_versions,
+            wire.METADATA: self.metadata,
+            wire.PRODUCE: self.produce,
+            wire.FETCH: self.fetch,
+            wire.LIST_OFFSETS: self.list_offsets,
+            wire.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+        }
+
+    def close(self) -> None:
+        if self._own_purgatory:
+            self.fetch_purgatory.close()
+
+    def versions(self) -> dict[int, tuple[int, int]]:
+        """The APIs and versions implemented: what ApiVersions advertises."""
+        return {key: wire.SUPPORTED_VERSIONS[key] for key in sorted(self._handlers)}
+
+    def notify(self, topic: str, partition: int) -> None:
+        """The partition's data or high watermark moved: wake the fetches waiting on it."""
+        self.fetch_purgatory.notify((topic, partition))
+
+    def handle(self, request: Request):
+        handler = self._handlers.get(request.header.api_key)
+        if handler is None:
+            raise wire.InvalidRequestError(
+                f"API key {request.header.api_key} is not implemented", request.header)
+        return handler(request)
+
+    @staticmethod
+    def _body(request: Request) -> dict:
+        return wire.decode_request_body(request.header, request.body, 0)
+
+    # -- ApiVersions ---------------------------------------------------------------------
+    def api_versions(self, request: Request):
+        header = request.header
+        lo, hi = wire.SUPPORTED_VERSIONS[wire.API_VERSIONS]
+        if not lo <= header.api_version <= hi:
+            # KIP-511: answered at v0 with our own range, the client retries within it
+            return wire.encode_response_parts(header._replace(api_version=0),
+                                              wire.api_versions_error_body())
+        self._body(request)
+        return wire.encode_response_parts(header, {
+            "error_code": wire.NONE,
+            "api_keys": [{"api_key": key, "min_version": lo, "max_version": hi}
+                         for key, (lo, hi) in self.versions().items()],
+            "throttle_time_ms": 0,
+        })
+
+    # -- Metadata --------------------------------------------------------------------------
+    def metadata(self, request: Request):
+        body = self._body(request)
+        backend = self.backend
+        requested = body["topics"]
+        if requested is None or (request.header.api_version == 0 and not requested):
+            names = sorted(backend.topics())
+        else:
+            names = [t["name"] for t in requested]
+        topics = []
+        for name in names:
+            try:
+                parts = backend.partitions(name) if name is not None else None
+            except Exception as exc:    # the backend could not say: answer per topic
+                topics.append({"error_code": _code(exc), "name": name, "partitions": []})
+                continue
+            if parts is None:
+                topics.append({"error_code": _ERR["UNKNOWN_TOPIC_OR_PARTITION"].code,
+                               "name": name, "partitions": []})
+                continue
+            topics.append({"error_code": wire.NONE, "name": name,
+                           "is_internal": name.startswith("__"), "partitions": [
+                {"error_code": wire.error_code(p.error) if p.error else wire.NONE,
+                 "partition_index": p.partition, "leader_id": p.leader,
+                 "leader_epoch": p.leader_epoch, "replica_nodes": list(p.replicas),
+                 "isr_nodes": list(p.isr), "offline_replicas": list(p.offline_replicas)}
+                for p in parts]})
+        return wire.encode_response_parts(request.header, {
+            "throttle_time_ms": 0,
+            "brokers": [{"node_id": b.node_id, "host": b.host, "port": b.port,
+                         "rack": b.rack} for b in backend.brokers()],
+            "cluster_id": backend.cluster_id,
+            "controller_id": backend.controller_id(),
+            "topics": topics,
+        })
+
+    # -- Produce ---------------------------------------------------------------------------
+    def produce(self, request: Request):
+        body = self._body(request)
+        acks, timeout_ms = body["acks"], body["timeout_ms"]
+        results: list[tuple[str, int, Any]] = []    # (topic, partition, result or error)
+        for topic in body["topic_data"]:
+            name = topic["name"]
+            for p in topic["partition_data"]:
+                results.append((name, p["index"],
+                                self._append(name, p["index"], p["records"], acks,
+                                             timeout_ms)))
+        if acks == 0:
+            return None
+        header = request.header
+        pending = [r for _, _, r in results if isinstance(r, concurrent.futures.Future)]
+        if not pending:
+            return wire.encode_response_parts(header, _produce_body(results))
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        left = [len(pending)]
+        lock = threading.Lock()
+
+        def one_done(_):
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            answer.set_result(wire.encode_response_parts(header, _produce_body(results)))
+
+        for f in pending:
+            f.add_done_callback(one_done)
+        return answer
+
+    def _append(self, topic: str, partition: int, records, acks: int, timeout_ms: int):
+        try:
+            if acks not in (0, 1, -1):
+                return _coded("INVALID_REQUIRED_ACKS")
+            if records is None or len(records) < 17:
+                raise InvalidRecordError("a produce request needs record batches")
+            if records[16] != 2:        # the magic byte: Produce v3+ carries batch v2 only
+                raise InvalidRecordError(f"record batch magic {records[16]} in a v3+ "
+                                         f"produce request (only 2 is allowed)")
+            return self.backend.append(topic, partition, records, acks=acks,
+                                       timeout_ms=timeout_ms)
+        except Exception as exc:
+            return exc
+
+    # -- Fetch -----------------------------------------------------------------------------
+    def fetch(self, request: Request):
+        body = self._body(request)
+        header = request.header
+        if body["session_id"] != 0:
+            # sessionless broker (KIP-227 not implemented): a session we never gave out
+            return wire.encode_response_parts(header, {
+                "error_code": _ERR["FETCH_SESSION_ID_NOT_FOUND"].code, "session_id": 0,
+                "responses": []})
+        read = _FetchRead(self.backend, body)
+        response, total, errors = read()
+        if body["max_wait_ms"] <= 0 or total >= max(body["min_bytes"], 1) or errors:
+            return wire.encode_response_parts(header, response)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        op = _DelayedFetch(self._clock() + body["max_wait_ms"] / 1000.0, read,
+                           max(body["min_bytes"], 1), header, future)
+        self.fetch_purgatory.park(op, read.keys())
+        return future
+
+    # -- ListOffsets ------------------------------------------------------------------------
+    def list_offsets(self, request: Request):
+        body = self._body(request)
+        isolation = body["isolation_level"]
+
+        def answer(topic: str, p: dict) -> dict:
+            index = p["partition_index"]
+            try:
+                epoch = self.backend.leader_epoch(topic, index)
+                _check_epoch(p["current_leader_epoch"], epoch)
+                timestamp, offset = self.backend.list_offset(topic, index, p["timestamp"],
+                                                             isolation_level=isolation)
+                return {"partition_index": index, "error_code": wire.NONE,
+                        "timestamp": timestamp, "offset": offset, "leader_epoch": epoch}
+            except Exception as exc:
+                return {"partition_index": index, "error_code": _code(exc)}
+
+        return wire.encode_response_parts(request.header, {
+            "throttle_time_ms": 0,
+            "topics": _topic_results(body["topics"], answer, "name", "partitions")})
+
+    # -- OffsetForLeaderEpoch ---------------------------------------------------------------
+    def offset_for_leader_epoch(self, request: Request):
+        body = self._body(request)
+
+        def answer(topic: str, p: dict) -> dict:
+            index = p["partition"]
+            try:
+                _check_epoch(p["current_leader_epoch"], self.backend.leader_epoch(topic, index))
+                found = self.backend.end_offset_for_epoch(topic, index, p["leader_epoch"])
+                return {"error_code": wire.NONE, "partition": index,
+                        "leader_epoch": found.leader_epoch, "end_offset": found.end_offset}
+            except Exception as exc:
+                return {"error_code": _code(exc), "partition": index}
+
+        return wire.encode_response_parts(request.header, {
+            "throttle_time_ms": 0,
+            "topics": _topic_results(body["topics"], answer, "topic", "partitions")})
+
+
+def _coded(name: str) -> wire.BrokerResponseError:
+    return wire.BrokerResponseError(_ERR[name].code)
+
+
+def _produce_body(results) -> dict:
+    topics: dict[str, list] = {}
+    for topic, partition, result in results:
+        if isinstance(result, concurrent.futures.Future):
+            try:
+                result = result.result(timeout=0)
+            except Exception as exc:
+                result = exc
+        if isinstance(result, BaseException):
+            entry = {"index": partition, "error_code": _code(result), "base_offset": -1,
+                     "error_message": str(result) or None}
+        else:
+            entry = {"index": partition, "error_code": wire.NONE,
+                     "base_offset": result.base_offset,
+                     "log_append_time_ms": result.log_append_time_ms,
+                     "log_start_offset": result.log_start_offset}
+        topics.setdefault(topic, []).append(entry)
+    return {"responses": [{"name": t, "partition_responses": parts}
+                          for t, parts in topics.items()],
+            "throttle_time_ms": 0}
+
+
+class _FetchRead:
+    """One pass over a Fetch request's partitions: the response body, its record bytes,
+    and whether any partition failed. Kafka's limits: ``partition_max_bytes`` per
+    partition, ``max_bytes`` for the response, but the first batch of the first partition
+    with data is returned whole however large (KIP-74), so a consumer always progresses."""
+
+    def __init__(self, backend: Backend, body: dict):
+        self.backend = backend
+        self.body = body
+
+    def keys(self) -> list[tuple[str, int]]:
+        return [(t["topic"], p["partition"]) for t in self.body["topics"]
+                for p in t["partitions"]]
+
+    def __call__(self) -> tuple[dict, int, bool]:
+        body, backend = self.body, self.backend
+        replica_id, isolation = body["replica_id"], body["isolation_level"]
+        budget = body["max_bytes"]
+        total, errors, responses = 0, False, []
+        for t in body["topics"]:
+            topic = t["topic"]
+            partitions = []
+            for p in t["partitions"]:
+                index = p["partition"]
+                limit = min(p["partition_max_bytes"], budget - total) if total else \
+                    p["partition_max_bytes"]
+                try:
+                    _check_epoch(p["current_leader_epoch"],
+                                 backend.leader_epoch(topic, index))
+                    # limit <= 0: the response is full, the partition is listed without data
+                    got = backend.read(topic, index, p["fetch_offset"], limit if limit > 0
+                                       else -1, replica_id=replica_id,
+                                       isolation_level=isolation)
+                    total += len(got.data)
+                    partitions.append({
+                        "partition_index": index, "error_code": wire.NONE,
+                        "high_watermark": got.high_watermark,
+                        "last_stable_offset": got.high_watermark,
+                        "log_start_offset": got.log_start_offset,
+                        "aborted_transactions": [] if isolation == READ_COMMITTED else None,
+                        "records": got.data})
+                except Exception as exc:
+                    errors = True
+                    partitions.append({"partition_index": index, "error_code": _code(exc),
+                                       "high_watermark": -1, "records": None})
+            responses.append({"topic": topic, "partitions": partitions})
+        return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0,
+                "responses": responses}, total, errors
+
+
+class _DelayedFetch(DelayedOperation):
+    """A Fetch waiting for ``min_bytes`` or its ``max_wait_ms`` (Kafka's DelayedFetch)."""
+
+    def __init__(self, deadline_s: float, read: _FetchRead, min_bytes: int,
+                 header: wire.RequestHeader, future: concurrent.futures.Future):
+        super().__init__(deadline_s)
+        self.read = read
+        self.min_bytes = min_bytes
+        self.header = header
+        self.future = future
+        self._last = None
+
+    def ready(self) -> bool:
+        response, total, errors = self._last = self.read()
+        return total >= self.min_bytes or errors
+
+    def complete(self, expired: bool) -> None:
+        try:
+            response = self.read()[0] if expired or self._last is None else self._last[0]
+            self.future.set_result(wire.encode_response_parts(self.header, response))
+        except Exception as exc:
+            self.future.set_exception(exc)
+
+
+__all__ = ["KafkaApis", "Backend", "BrokerEndpoint", "PartitionMetadata", "Purgatory",
+           "DelayedOperation", "READ_UNCOMMITTED", "READ_COMMITTED"]

@@ -1,0 +1,513 @@
+"""The broker's Kafka listener: sockets and framing, apart from request handling (Kafka's
+SocketServer / KafkaApis split).
+
+``SocketServer`` owns one listening TCP socket and the connections accepted on it, served
+by one network thread running a ``selectors`` loop. A request is a 4-byte big-endian size
+then that many bytes; the size is checked against ``socket.request.max.bytes`` before the
+body's buffer is allocated, and the body is read straight into that buffer (no copy). The
+request header is decoded here; the request goes to ``handler.handle(request)``, which
+returns the response frame as a list of buffers (``wire.encode_response_parts``), None for
+no response (Produce with acks=0), or a ``concurrent.futures.Future`` of either when the
+answer comes later (a long-poll Fetch parked in a purgatory, an acks=all Produce waiting
+for its replicas). The future may be completed from any thread.
+
+Invariants, per connection:
+- requests are handed to the handler one at a time, in the order they arrived: the next is
+  handed over only when ``handle`` has returned for the one before (Kafka mutes a channel
+  for the same reason: two Produce requests of one client must append in order);
+- responses are written in request order: a response completed early waits behind the
+  ones still pending before it;
+- at most ``max_queued_requests`` requests are received and not yet answered; past that
+  the connection is not read from (TCP pushes back on the client);
+- a connection with nothing pending and no bytes moved for ``connections.max.idle.ms`` is
+  closed; beyond ``max.connections`` a new connection is accepted and closed at once.
+
+Bad input closes the connection, as Kafka does: a size below 0 or above the limit (before
+any allocation), a header that cannot be read, an ``InvalidRequestError`` from the handler
+(unknown API key or version, a malformed body). An exception of any other kind from the
+handler is logged and closes that connection only; the server goes on.
+
+Thread-safety: ``start``/``close``/``stats``/``port`` may be called from any thread;
+everything else runs on the network thread, or on ``io_threads`` handler threads when
+configured (0, the default, calls the handler on the network thread: right for a handler
+that never blocks, e.g. one that returns futures for anything slow).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import selectors
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Protocol
+
+from .. import wire
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+_IOV_MAX = 512                      # buffers per sendmsg call (Linux allows 1024)
+
+
+@dataclass(frozen=True)
+class SocketServerConfig:
+    """The listener's settings, under Kafka's names (dots become underscores)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0                               # 0: a free port
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    connections_max_idle_ms: int = 600_000      # Kafka's default: 10 minutes
+    max_connections: int = 2**31 - 1
+    max_queued_requests: int = 16               # per connection, received and unanswered
+    io_threads: int = 0                         # 0: handle on the network thread
+    backlog: int = 128
+
+    def __post_init__(self):
+        for name in ("socket_request_max_bytes", "connections_max_idle_ms",
+                     "max_connections", "max_queued_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.io_threads < 0:
+            raise ValueError(f"io_threads must be >= 0, got {self.io_threads}")
+
+    @classmethod
+    def from_properties(cls, props: dict | None = None, **overrides) -> "SocketServerConfig":
+        """From Kafka's dotted names (``listeners`` as ``PLAINTEXT://host:port``)."""
+        kwargs = dict(overrides)
+        for key, value in (props or {}).items():
+            if key == "listeners":
+                scheme, _, address = str(value).partition("://")
+                if scheme != "PLAINTEXT":
+                    raise ValueError(f"listeners: only PLAINTEXT is implemented, got {value!r}")
+                host, _, port = address.rpartition(":")
+                kwargs["host"], kwargs["port"] = host or "127.0.0.1", int(port)
+            elif key in ("socket.request.max.bytes", "connections.max.idle.ms",
+                         "max.connections"):
+                kwargs[key.replace(".", "_")] = int(value)
+            else:
+                raise ValueError(f"unknown listener setting {key!r}")
+        return cls(**kwargs)
+
+
+class Request(NamedTuple):
+    """What the handler gets: the decoded header, the body's bytes (a memoryview of the
+    frame, valid for as long as it is referenced), and who sent it."""
+
+    header: wire.RequestHeader
+    body: memoryview
+    client: Any                     # the peer's address
+    received_ns: int                # time.monotonic_ns() when the whole frame was in
+
+
+class RequestHandler(Protocol):
+    def handle(self, request: Request) -> "list | None | concurrent.futures.Future":
+        """The response frame (a list of buffers, size prefix included), None for no
+        response, or a Future of either. InvalidRequestError closes the connection."""
+
+
+class _Slot:
+    """One received request's place in its connection's response order."""
+
+    __slots__ = ("done", "parts")
+
+    def __init__(self):
+        self.done = False
+        self.parts: list | None = None
+
+
+class _Connection:
+    __slots__ = ("sock", "peer", "size_buf", "size_got", "body", "body_got", "inbox",
+                 "slots", "busy", "out", "last_active", "closed", "want_write", "muted",
+                 "registered")
+
+    def __init__(self, sock: socket.socket, peer, now: float):
+        self.sock = sock
+        self.peer = peer
+        self.size_buf = bytearray(4)
+        self.size_got = 0
+        self.body: bytearray | None = None
+        self.body_got = 0
+        self.inbox: collections.deque = collections.deque()   # (slot, Request) not handed over
+        self.slots: collections.deque = collections.deque()   # responses, in request order
+        self.busy = False               # a request is inside handler.handle
+        self.out: list = []             # buffers being written
+        self.last_active = now
+        self.closed = False
+        self.want_write = False
+        self.muted = False
+        self.registered = selectors.EVENT_READ     # the events the selector watches
+
+    def pending(self) -> int:
+        return len(self.slots)
+
+
+class SocketServer:
+    """A Kafka listener: ``SocketServer(handler, config).start()``, then ``port``."""
+
+    def __init__(self, handler: RequestHandler, config: SocketServerConfig | None = None, *,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config or SocketServerConfig()
+        self._handler = handler
+        self._clock = clock
+        self._selector = selectors.DefaultSelector()
+        self._listener: socket.socket | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._completions: collections.deque = collections.deque()   # thread-safe appends
+        self._connections: dict[socket.socket, _Connection] = {}
+        self._pool = (concurrent.futures.ThreadPoolExecutor(
+            self.config.io_threads, thread_name_prefix="kafka-io")
+            if self.config.io_threads else None)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._stats = collections.Counter()
+        self._next_idle_check = 0.0
+        self.port: int | None = None
+        self.host = self.config.host
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> "SocketServer":
+        """Bind, listen and start the network thread; ``port`` is then the bound port."""
+        if self._thread is not None:
+            raise RuntimeError("SocketServer already started")
+        listener = socket.socket(socket.AF_INET6 if ":" in self.config.host
+                                 else socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((self.config.host, self.config.port))
+            listener.listen(self.config.backlog)
+        except OSError:
+            listener.close()
+            raise
+        listener.setblocking(False)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        self._selector.register(listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._run, name=f"kafka-network-{self.port}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop accepting, close every connection, stop the threads. Idempotent."""
+        self._stopping.set()
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> "SocketServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def stats(self) -> dict:
+        """Counters: accepted, closed, refused (over max.connections), requests,
+        responses, oversized, invalid, idle_closed, handler_errors; and connections now."""
+        out = dict(self._stats)
+        out["connections"] = len(self._connections)
+        return out
+
+    # -- the network thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                timeout = min(self.config.connections_max_idle_ms / 1000.0, 1.0)
+                for key, events in self._selector.select(timeout):
+                    what = key.data
+                    if what == "accept":
+                        self._accept()
+                    elif what == "wake":
+                        self._drain_wake()
+                    else:
+                        if events & selectors.EVENT_WRITE:
+                            self._write(what)
+                        if events & selectors.EVENT_READ and not what.closed:
+                            self._read(what)
+                self._complete_pending()
+                self._close_idle()
+        except Exception:       # a bug here would otherwise leave every client hanging
+            log.exception("network thread of the listener on port %s failed", self.port)
+        finally:
+            for conn in list(self._connections.values()):
+                self._close(conn, "shutdown")
+            self._selector.close()
+            if self._listener is not None:
+                self._listener.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass                # already woken (buffer full) or closed
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _accept(self) -> None:
+        for _ in range(64):     # a bounded batch per wakeup
+            try:
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:          # e.g. EMFILE: keep serving the others
+                log.warning("accept failed: %s", exc)
+                return
+            if len(self._connections) >= self.config.max_connections:
+                self._stats["refused"] += 1
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(sock, peer, self._clock())
+            self._connections[sock] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._stats["accepted"] += 1
+
+    def _close(self, conn: _Connection, why: str) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._stats["closed"] += 1
+        log.debug("closing connection from %s: %s", conn.peer, why)
+        self._connections.pop(conn.sock, None)
+        if conn.registered:
+            self._selector.unregister(conn.sock)
+        conn.sock.close()
+        conn.inbox.clear()
+        conn.slots.clear()
+        conn.out = []
+        conn.body = None
+
+    def _update_interest(self, conn: _Connection) -> None:
+        """Register for what the connection waits on: reads unless muted, writes while
+        output is left; nothing (unregistered) when muted with nothing to write."""
+        if conn.closed:
+            return
+        events = (0 if conn.muted else selectors.EVENT_READ) | \
+            (selectors.EVENT_WRITE if conn.want_write else 0)
+        if events == conn.registered:
+            return
+        if not conn.registered:
+            self._selector.register(conn.sock, events, conn)
+        elif not events:
+            self._selector.unregister(conn.sock)
+        else:
+            self._selector.modify(conn.sock, events, conn)
+        conn.registered = events
+
+    # -- reading --------------------------------------------------------------------------
+    def _read(self, conn: _Connection) -> None:
+        """Read what the socket has: the 4-byte size, then the body into its own buffer."""
+        for _ in range(16):     # bounded: other connections get their turn
+            if conn.muted or conn.closed:
+                return
+            if conn.body is None:
+                view = memoryview(conn.size_buf)[conn.size_got:]
+            else:
+                view = memoryview(conn.body)[conn.body_got:]
+            try:
+                n = conn.sock.recv_into(view)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._close(conn, f"read failed: {exc}")
+                return
+            if n == 0:
+                self._close(conn, "closed by the peer")
+                return
+            conn.last_active = self._clock()
+            if conn.body is None:
+                conn.size_got += n
+                if conn.size_got < 4:
+                    continue
+                size, = _SIZE.unpack(conn.size_buf)
+                conn.size_got = 0
+                if size < 0 or size > self.config.socket_request_max_bytes:
+                    self._stats["oversized"] += 1
+                    self._close(conn, f"request size {size} outside 0.."
+                                      f"{self.config.socket_request_max_bytes} "
+                                      f"(socket.request.max.bytes)")
+                    return
+                conn.body = bytearray(size)
+                conn.body_got = 0
+            else:
+                conn.body_got += n
+            if conn.body_got == len(conn.body):
+                frame, conn.body = conn.body, None
+                self._received(conn, memoryview(frame))
+
+    def _received(self, conn: _Connection, frame: memoryview) -> None:
+        try:
+            header, pos = wire.decode_request_header(frame)
+        except wire.InvalidRequestError as exc:
+            self._stats["invalid"] += 1
+            self._close(conn, str(exc))
+            return
+        self._stats["requests"] += 1
+        slot = _Slot()
+        conn.slots.append(slot)
+        conn.inbox.append((slot, Request(header, frame[pos:], conn.peer,
+                                         time.monotonic_ns())))
+        if len(conn.slots) >= self.config.max_queued_requests:
+            conn.muted = True
+            self._update_interest(conn)
+        self._dispatch(conn)
+
+    # -- handing requests over and taking answers back --------------------------------------
+    def _dispatch(self, conn: _Connection) -> None:
+        """Hand the connection's next request to the handler, if none is inside it."""
+        while conn.inbox and not conn.busy and not conn.closed:
+            slot, request = conn.inbox.popleft()
+            conn.busy = True
+            if self._pool is None:
+                self._handled(conn, slot, self._call(request))
+            else:
+                self._pool.submit(self._call_in_pool, conn, slot, request)
+
+    def _call(self, request: Request):
+        try:
+            return self._handler.handle(request)
+        except wire.InvalidRequestError as exc:
+            return _Failure(str(exc), "invalid")
+        except Exception as exc:
+            log.exception("handler failed on %s v%s from %s",
+                          wire.API_NAMES.get(request.header.api_key, request.header.api_key),
+                          request.header.api_version, request.client)
+            return _Failure(f"handler failed: {exc!r}", "handler_errors")
+
+    def _call_in_pool(self, conn: _Connection, slot: _Slot, request: Request) -> None:
+        result = self._call(request)
+        self._completions.append((conn, slot, result, True))
+        self._wake()
+
+    def _handled(self, conn: _Connection, slot: _Slot, result) -> None:
+        """``handle`` returned ``result`` for the request of ``slot`` (network thread)."""
+        conn.busy = False
+        if isinstance(result, concurrent.futures.Future):
+            result.add_done_callback(lambda f, c=conn, s=slot: self._future_done(c, s, f))
+        else:
+            self._finish(conn, slot, result)
+        self._dispatch(conn)
+
+    def _future_done(self, conn: _Connection, slot: _Slot, future) -> None:
+        """A deferred answer completed (on whichever thread completed it)."""
+        try:
+            result = future.result()
+        except Exception as exc:
+            log.warning("deferred answer failed for %s: %r", conn.peer, exc)
+            result = _Failure(f"deferred answer failed: {exc!r}", "handler_errors")
+        if threading.current_thread() is self._thread:
+            self._finish(conn, slot, result)
+        else:
+            self._completions.append((conn, slot, result, False))
+            self._wake()
+
+    def _complete_pending(self) -> None:
+        while self._completions:
+            conn, slot, result, from_handle = self._completions.popleft()
+            if conn.closed:
+                continue
+            if from_handle:
+                self._handled(conn, slot, result)
+            else:
+                self._finish(conn, slot, result)
+
+    def _finish(self, conn: _Connection, slot: _Slot, result) -> None:
+        if conn.closed:
+            return
+        if isinstance(result, _Failure):
+            self._stats[result.kind] += 1
+            self._close(conn, result.why)
+            return
+        slot.done = True
+        slot.parts = result
+        self._flush(conn)
+
+    # -- writing --------------------------------------------------------------------------
+    def _flush(self, conn: _Connection) -> None:
+        """Move the finished responses at the head of the order to the output and write."""
+        while conn.slots and conn.slots[0].done:
+            slot = conn.slots.popleft()
+            if slot.parts is not None:
+                conn.out.extend(slot.parts)
+                self._stats["responses"] += 1
+        if conn.muted and len(conn.slots) < self.config.max_queued_requests:
+            conn.muted = False
+            self._update_interest(conn)
+        if conn.out:
+            self._write(conn)
+
+    def _write(self, conn: _Connection) -> None:
+        while conn.out and not conn.closed:
+            try:
+                sent = conn.sock.sendmsg(conn.out[:_IOV_MAX])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._close(conn, f"write failed: {exc}")
+                return
+            conn.last_active = self._clock()
+            _consume(conn.out, sent)
+        if conn.closed:
+            return
+        want = bool(conn.out)
+        if want != conn.want_write:
+            conn.want_write = want
+            self._update_interest(conn)
+        if not want and conn.slots and conn.slots[0].done:
+            self._flush(conn)
+
+    # -- idle connections -----------------------------------------------------------------
+    def _close_idle(self) -> None:
+        limit_s = self.config.connections_max_idle_ms / 1000.0
+        now = self._clock()
+        if now < self._next_idle_check:
+            return
+        self._next_idle_check = now + min(limit_s / 2, 1.0)
+        for conn in list(self._connections.values()):
+            if not conn.slots and not conn.out and now - conn.last_active > limit_s:
+                self._stats["idle_closed"] += 1
+                self._close(conn, f"idle for over {self.config.connections_max_idle_ms} ms")
+
+
+class _Failure(NamedTuple):
+    why: str
+    kind: str           # the stats counter it adds to
+
+
+def _consume(parts: list, sent: int) -> None:
+    """Drop ``sent`` bytes from the front of the buffer list ``parts``."""
+    i = 0
+    while i < len(parts):
+        p = parts[i]
+        size = p.nbytes if type(p) is memoryview else len(p)
+        if sent < size:
+            break
+        sent -= size
+        i += 1
+    del parts[:i]
+    if sent:
+        parts[0] = memoryview(parts[0])[sent:]
+
+
+__all__ = ["SocketServer", "SocketServerConfig", "Request", "RequestHandler"]

@@ -1,0 +1,614 @@
+"""The Kafka listener (actors.server.network), its handlers (actors.server.handlers) and a
+single-process broker over real storage Logs (actors.server.log_backend), without Ray:
+framing, ordering, limits and bad input on real sockets; each API through our own codec;
+then unmodified clients (kafka-python, kcat, confluent-kafka) producing and consuming."""
+
+import concurrent.futures
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+import tracemalloc
+
+import pytest
+
+from actors import wire
+from actors.server.handlers import Purgatory, DelayedOperation
+from actors.server.log_backend import LocalBroker
+from actors.server.network import SocketServer, SocketServerConfig
+from storage.records import build, decode_records
+
+_SIZE = struct.Struct(">i")
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    size, = _SIZE.unpack(_recv_exactly(sock, 4))
+    return _recv_exactly(sock, size)
+
+
+def _closed_by_server(sock: socket.socket, timeout_s: float = 5.0) -> bool:
+    sock.settimeout(timeout_s)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+class RawClient:
+    """Requests through our own codec on one blocking socket."""
+
+    def __init__(self, address, client_id="raw"):
+        self.sock = socket.create_connection(address, timeout=10)
+        self.client_id = client_id
+        self.next_id = 0
+
+    def send(self, api_key: int, version: int, body: dict) -> int:
+        self.next_id += 1
+        header = wire.RequestHeader(api_key, version, self.next_id, self.client_id)
+        self.sock.sendall(wire.encode_request(header, body))
+        return self.next_id
+
+    def recv(self, api_key: int, version: int) -> tuple[int, dict]:
+        return wire.decode_response(api_key, version, _recv_frame(self.sock))
+
+    def call(self, api_key: int, version: int, body: dict) -> dict:
+        cid = self.send(api_key, version, body)
+        got, answer = self.recv(api_key, version)
+        assert got == cid
+        return answer
+
+    def close(self):
+        self.sock.close()
+
+
+def _raw_request(correlation_id: int, api_key: int = 1000, payload: bytes = b"") -> bytes:
+    body = struct.pack(">hhih", api_key, 0, correlation_id, -1) + payload
+    return _SIZE.pack(len(body)) + body
+
+
+class ScriptedHandler:
+    """Answers each request with its correlation id and payload, now or through a future
+    the test completes; ``payload == b'none'`` answers nothing, b'boom' raises."""
+
+    def __init__(self, deferred: bool = False):
+        self.deferred = deferred
+        self.futures: list[concurrent.futures.Future] = []
+        self.seen: list[int] = []
+        self.lock = threading.Lock()
+
+    def handle(self, request):
+        cid = request.header.correlation_id
+        payload = bytes(request.body)
+        with self.lock:
+            self.seen.append(cid)
+        if payload == b"boom":
+            raise RuntimeError("handler bug")
+        if payload == b"invalid":
+            raise wire.InvalidRequestError("bad body", request.header)
+        answer = None if payload == b"none" else \
+            [_SIZE.pack(4 + len(payload)), struct.pack(">i", cid), payload]
+        if not self.deferred:
+            return answer
+        f = concurrent.futures.Future()
+        f.answer = answer
+        with self.lock:
+            self.futures.append(f)
+        return f
+
+
+@pytest.fixture
+def server_factory():
+    servers = []
+
+    def make(handler, **config):
+        server = SocketServer(handler, SocketServerConfig(**config)).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def _answers(sock, n):
+    out = []
+    for _ in range(n):
+        frame = _recv_frame(sock)
+        out.append((struct.unpack(">i", frame[:4])[0], frame[4:]))
+    return out
+
+
+def _wait(cond, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+# -- the network layer ---------------------------------------------------------------------
+@pytest.mark.parametrize("io_threads", [0, 2], ids=["inline", "io-threads"])
+def test_pipelined_requests_are_answered_in_order(server_factory, io_threads):
+    """50 requests written at once on one connection come back in order, their payloads
+    intact, whether handled on the network thread or on io threads."""
+    server = server_factory(ScriptedHandler(), io_threads=io_threads)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(b"".join(_raw_request(i, payload=b"p%d" % i) for i in range(50)))
+        assert _answers(sock, 50) == [(i, b"p%d" % i) for i in range(50)]
+
+
+def test_deferred_answers_completed_out_of_order_are_written_in_order(server_factory):
+    """Futures completed in reverse order (from another thread) are written in request
+    order: a later answer waits behind an earlier one still pending."""
+    handler = ScriptedHandler(deferred=True)
+    server = server_factory(handler)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(b"".join(_raw_request(i, payload=b"x%d" % i) for i in range(10)))
+        assert _wait(lambda: len(handler.futures) == 10)
+        done = threading.Thread(target=lambda: [f.set_result(f.answer)
+                                                for f in reversed(handler.futures[1:])])
+        done.start()
+        done.join()
+        sock.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            sock.recv(1)                        # the first is still pending: nothing sent
+        sock.settimeout(10)
+        handler.futures[0].set_result(handler.futures[0].answer)
+        assert _answers(sock, 10) == [(i, b"x%d" % i) for i in range(10)]
+
+
+def test_no_response_requests_are_skipped_in_the_order(server_factory):
+    """A request answered with None (Produce acks=0) gets no response; the ones after it
+    are still answered, in order."""
+    server = server_factory(ScriptedHandler())
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(_raw_request(1, payload=b"a") + _raw_request(2, payload=b"none") +
+                     _raw_request(3, payload=b"c"))
+        assert _answers(sock, 2) == [(1, b"a"), (3, b"c")]
+
+
+def test_a_connection_is_read_only_while_few_requests_are_unanswered(server_factory):
+    """With max_queued_requests=4 and nothing answered, the server takes in 4 requests of
+    the 12 written and no more until answers go out; then all 12 are answered."""
+    handler = ScriptedHandler(deferred=True)
+    server = server_factory(handler, max_queued_requests=4)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(b"".join(_raw_request(i) for i in range(12)))
+        assert _wait(lambda: len(handler.futures) == 4)
+        time.sleep(0.2)
+        assert len(handler.futures) == 4
+        for i in range(12):
+            assert _wait(lambda: len(handler.futures) > i)
+            handler.futures[i].set_result(handler.futures[i].answer)
+        assert [cid for cid, _ in _answers(sock, 12)] == list(range(12))
+
+
+def test_oversized_frame_closes_the_connection_without_allocating(server_factory):
+    """A size above socket.request.max.bytes (and a negative one) closes the connection
+    before any body buffer is allocated; the server goes on serving."""
+    server = server_factory(ScriptedHandler(), socket_request_max_bytes=1024)
+    tracemalloc.start()
+    try:
+        for size in (1025, 2**31 - 1, -5):
+            with socket.create_connection(server.address, timeout=10) as sock:
+                sock.sendall(_SIZE.pack(size) + b"\0" * 64)
+                assert _closed_by_server(sock)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 512 * 1024
+    assert server.stats()["oversized"] == 3
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(_raw_request(9, payload=b"ok"))
+        assert _answers(sock, 1) == [(9, b"ok")]
+
+
+def test_default_request_limit_is_kafkas_100_mib(server_factory):
+    """socket.request.max.bytes defaults to Kafka's 104857600: a frame one byte over is
+    refused at its size prefix."""
+    server = server_factory(ScriptedHandler())
+    assert server.config.socket_request_max_bytes == 100 * 1024 * 1024
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(_SIZE.pack(100 * 1024 * 1024 + 1))
+        assert _closed_by_server(sock)
+
+
+def test_truncated_frames_garbage_and_bad_headers_never_stop_the_server(server_factory):
+    """A frame cut short by the peer, random garbage, a header shorter than its fields and
+    an InvalidRequestError or a bug in the handler each end only their own connection."""
+    handler = ScriptedHandler()
+    server = server_factory(handler)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(_SIZE.pack(100) + b"\0" * 10)          # truncated, then closed
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(os.urandom(4096))
+    for bad in (_SIZE.pack(3) + b"abc", _raw_request(1, payload=b"invalid"),
+                _raw_request(2, payload=b"boom")):
+        with socket.create_connection(server.address, timeout=10) as sock:
+            sock.sendall(bad)
+            assert _closed_by_server(sock)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(_raw_request(7, payload=b"alive"))
+        assert _answers(sock, 1) == [(7, b"alive")]
+    stats = server.stats()
+    assert stats["invalid"] >= 2 and stats["handler_errors"] == 1
+
+
+def test_idle_connections_are_closed(server_factory):
+    """connections.max.idle.ms: a connection silent past it is closed; one in use is not."""
+    server = server_factory(ScriptedHandler(), connections_max_idle_ms=300)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        start = time.monotonic()
+        assert _closed_by_server(sock, timeout_s=5)
+        assert 0.25 < time.monotonic() - start < 2.5
+    assert server.stats()["idle_closed"] >= 1
+
+
+def test_connections_over_max_connections_are_refused(server_factory):
+    """max.connections=2: a third connection is closed at once; after one of the first two
+    goes, a new one is served."""
+    server = server_factory(ScriptedHandler(), max_connections=2)
+    a = socket.create_connection(server.address, timeout=10)
+    b = socket.create_connection(server.address, timeout=10)
+    try:
+        assert _wait(lambda: server.stats()["connections"] == 2)
+        with socket.create_connection(server.address, timeout=10) as c:
+            assert _closed_by_server(c)
+        a.close()
+        assert _wait(lambda: server.stats()["connections"] == 1)
+        with socket.create_connection(server.address, timeout=10) as d:
+            d.sendall(_raw_request(3, payload=b"in"))
+            assert _answers(d, 1) == [(3, b"in")]
+    finally:
+        b.close()
+    assert server.stats()["refused"] == 1
+
+
+def test_close_stops_the_thread_and_frees_the_port():
+    """close() closes the connections, ends the network thread and releases the port."""
+    server = SocketServer(ScriptedHandler()).start()
+    sock = socket.create_connection(server.address, timeout=10)
+    server.close()
+    assert _closed_by_server(sock)
+    sock.close()
+    assert not server._thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(server.address, timeout=2)
+
+
+def test_listeners_setting_uses_kafkas_format():
+    """``listeners=PLAINTEXT://127.0.0.1:0`` gives host and a free port; other protocols are
+    refused (not implemented)."""
+    config = SocketServerConfig.from_properties({"listeners": "PLAINTEXT://127.0.0.1:0",
+                                                 "socket.request.max.bytes": "2048"})
+    assert (config.host, config.port, config.socket_request_max_bytes) == \
+        ("127.0.0.1", 0, 2048)
+    with pytest.raises(ValueError, match="PLAINTEXT"):
+        SocketServerConfig.from_properties({"listeners": "SSL://127.0.0.1:9093"})
+
+
+# -- the purgatory ------------------------------------------------------------------------
+class _Op(DelayedOperation):
+    def __init__(self, deadline_s, flag):
+        super().__init__(deadline_s)
+        self.flag = flag
+        self.result = None
+
+    def ready(self):
+        return self.flag[0]
+
+    def complete(self, expired):
+        self.result = "expired" if expired else "ready"
+
+
+def test_purgatory_completes_on_notify_or_at_the_deadline_once():
+    """A parked operation completes when a notify finds it ready, or at its deadline;
+    never twice; close() completes what is left."""
+    purgatory = Purgatory()
+    try:
+        flag = [False]
+        ready_op = _Op(time.monotonic() + 30, flag)
+        purgatory.park(ready_op, ["k"])
+        assert ready_op.result is None and len(purgatory) == 1
+        flag[0] = True
+        assert purgatory.notify("k") == 1 and ready_op.result == "ready"
+        assert purgatory.notify("k") == 0
+        late = _Op(time.monotonic() + 0.1, [False])
+        purgatory.park(late, ["other"])
+        assert _wait(lambda: late.result == "expired", 3)
+        left = _Op(time.monotonic() + 60, [False])
+        purgatory.park(left, ["x"])
+    finally:
+        purgatory.close()
+    assert left.result == "expired"
+
+
+# -- the handlers over real Logs ---------------------------------------------------------
+@pytest.fixture
+def broker(tmp_path):
+    b = LocalBroker(str(tmp_path / "data")).start()
+    b.create_topic("events", 2)
+    yield b
+    b.close()
+
+
+def _batch(values, base_offset=0):
+    return bytes(build(values))
+
+
+def _produce(client, version, topic, partition, values, acks=-1):
+    return client.call(wire.PRODUCE, version, {
+        "acks": acks, "timeout_ms": 5000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": partition,
+                                                "records": _batch(values)}]}]})
+
+
+def _fetch_body(topic, partition, offset, max_wait_ms=0, min_bytes=1, epoch=-1):
+    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes,
+            "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+            "session_epoch": -1, "topics": [{"topic": topic, "partitions": [
+                {"partition": partition, "fetch_offset": offset, "current_leader_epoch": epoch,
+                 "partition_max_bytes": 1 << 20}]}]}
+
+
+def test_api_versions_advertises_exactly_the_implemented_set(broker):
+    """ApiVersions (v0 and flexible v3) lists exactly the six APIs at the codec's ranges;
+    an unknown ApiVersions version is answered at v0 with UNSUPPORTED_VERSION (KIP-511)."""
+    client = RawClient(broker.server.address)
+    for version in (0, 3):
+        body = client.call(wire.API_VERSIONS, version, {"client_software_name": "t",
+                                                        "client_software_version": "1"})
+        assert body["error_code"] == 0
+        assert {k["api_key"]: (k["min_version"], k["max_version"])
+                for k in body["api_keys"]} == wire.SUPPORTED_VERSIONS
+    client.sock.sendall(_SIZE.pack(10) + struct.pack(">hhih", wire.API_VERSIONS, 9, 41, -1))
+    cid, body = wire.decode_response(wire.API_VERSIONS, 0, _recv_frame(client.sock))
+    assert cid == 41 and body["error_code"] == 35
+    assert body["api_keys"] == [{"api_key": 18, "min_version": 0, "max_version": 4}]
+    client.close()
+
+
+def test_unknown_api_key_closes_the_connection(broker):
+    """A request for an API the broker does not implement (FindCoordinator here) closes
+    the connection, as Kafka does with a request it cannot parse."""
+    with socket.create_connection(broker.server.address, timeout=10) as sock:
+        sock.sendall(_raw_request(1, api_key=10, payload=b"\x00\x01g\x00"))
+        assert _closed_by_server(sock)
+
+
+def test_metadata_lists_the_node_topics_and_unknown_topics(broker):
+    """Metadata names this node (host, port, controller), every partition with its leader
+    and epoch; an unknown topic gets UNKNOWN_TOPIC_OR_PARTITION; null topics = all."""
+    client = RawClient(broker.server.address)
+    body = client.call(wire.METADATA, 12, {"topics": None})
+    assert body["brokers"] == [{"node_id": 0, "host": "127.0.0.1",
+                                "port": broker.server.port, "rack": None}]
+    assert body["controller_id"] == 0
+    [topic] = body["topics"]
+    assert topic["name"] == "events" and topic["error_code"] == 0
+    assert [(p["partition_index"], p["leader_id"], p["leader_epoch"], p["isr_nodes"])
+            for p in topic["partitions"]] == [(0, 0, 0, [0]), (1, 0, 0, [0])]
+    body = client.call(wire.METADATA, 1, {"topics": [{"name": "nope"}]})
+    assert [(t["name"], t["error_code"]) for t in body["topics"]] == [("nope", 3)]
+    body = client.call(wire.METADATA, 0, {"topics": []})
+    assert [t["name"] for t in body["topics"]] == ["events"]
+    client.close()
+
+
+@pytest.mark.parametrize("version", [3, 9])
+def test_produce_appends_and_fetch_reads_back_the_batches(broker, version):
+    """Produce assigns offsets in the Log; Fetch returns the same records with the high
+    watermark and log start; acks=0 answers nothing and still appends."""
+    client = RawClient(broker.server.address)
+    body = _produce(client, version, "events", 1, [b"a", b"b", b"c"])
+    [resp] = body["responses"]
+    assert resp["partition_responses"][0]["error_code"] == 0
+    assert resp["partition_responses"][0]["base_offset"] == 0
+    client.send(wire.PRODUCE, version, {"acks": 0, "timeout_ms": 1000, "topic_data": [
+        {"name": "events", "partition_data": [{"index": 1, "records": _batch([b"d"])}]}]})
+    body = _produce(client, version, "events", 1, [b"e"])
+    assert body["responses"][0]["partition_responses"][0]["base_offset"] == 4
+    fetched = client.call(wire.FETCH, 12, _fetch_body("events", 1, 0))
+    [part] = fetched["responses"][0]["partitions"]
+    assert (part["error_code"], part["high_watermark"], part["log_start_offset"]) == (0, 5, 0)
+    assert [r.value for r in decode_records(bytes(part["records"]))] == \
+        [b"a", b"b", b"c", b"d", b"e"]
+    assert broker.backend.log("events", 1).log_end_offset == 5
+    client.close()
+
+
+def test_per_partition_errors_are_kafkas_codes(broker):
+    """Unknown partition -> 3, an offset past the end -> 1, a stale or future leader epoch
+    -> 74 / 75, a batch that is not magic 2 -> 87; each requested partition is answered."""
+    client = RawClient(broker.server.address)
+    _produce(client, 9, "events", 0, [b"x"])
+    body = client.call(wire.PRODUCE, 9, {"acks": 1, "timeout_ms": 100, "topic_data": [
+        {"name": "events", "partition_data": [{"index": 7, "records": _batch([b"y"])},
+                                              {"index": 0, "records": b"\0" * 70}]},
+        {"name": "ghost", "partition_data": [{"index": 0, "records": _batch([b"z"])}]}]})
+    codes = [(t["name"], p["index"], p["error_code"]) for t in body["responses"]
+             for p in t["partition_responses"]]
+    assert codes == [("events", 7, 3), ("events", 0, 87), ("ghost", 0, 3)]
+    body = client.call(wire.FETCH, 12, {**_fetch_body("events", 0, 5), "topics": [
+        {"topic": "events", "partitions": [
+            {"partition": 0, "fetch_offset": 5, "partition_max_bytes": 1000},
+            {"partition": 1, "fetch_offset": 0, "partition_max_bytes": 1000},
+            {"partition": 0, "fetch_offset": 0, "current_leader_epoch": 3,
+             "partition_max_bytes": 1000}]}]})
+    assert [(p["partition_index"], p["error_code"])
+            for p in body["responses"][0]["partitions"]] == [(0, 1), (1, 0), (0, 75)]
+    broker.backend.epoch = 2
+    body = client.call(wire.LIST_OFFSETS, 7, {"replica_id": -1, "topics": [
+        {"name": "events", "partitions": [{"partition_index": 0, "timestamp": -1,
+                                           "current_leader_epoch": 1}]}]})
+    assert body["topics"][0]["partitions"][0]["error_code"] == 74
+    client.close()
+
+
+def test_list_offsets_and_offset_for_leader_epoch(broker):
+    """ListOffsets answers earliest (-2), latest (-1), a timestamp and the max timestamp
+    (-3); OffsetForLeaderEpoch answers the epoch's end offset from the epoch cache."""
+    client = RawClient(broker.server.address)
+    now = int(time.time() * 1000)
+    client.call(wire.PRODUCE, 9, {"acks": -1, "timeout_ms": 1000, "topic_data": [
+        {"name": "events", "partition_data": [
+            {"index": 0, "records": bytes(build([b"a", b"b", b"c"],
+                                                timestamps=[now - 300, now - 200, now - 100]))}]}]})
+
+    def offset(ts, version=7):
+        body = client.call(wire.LIST_OFFSETS, version, {"replica_id": -1, "topics": [
+            {"name": "events", "partitions": [{"partition_index": 0, "timestamp": ts}]}]})
+        p = body["topics"][0]["partitions"][0]
+        assert p["error_code"] == 0
+        return p["timestamp"], p["offset"]
+
+    assert offset(-2) == (-1, 0) and offset(-1) == (-1, 3) and offset(-1, 1) == (-1, 3)
+    assert offset(now - 250) == (now - 200, 1)
+    assert offset(now + 10_000) == (-1, -1)
+    assert offset(-3) == (now - 100, 2)
+    body = client.call(wire.OFFSET_FOR_LEADER_EPOCH, 4, {"replica_id": -1, "topics": [
+        {"topic": "events", "partitions": [
+            {"partition": 0, "current_leader_epoch": 0, "leader_epoch": 0},
+            {"partition": 1, "current_leader_epoch": -1, "leader_epoch": 5}]}]})
+    assert [(p["error_code"], p["leader_epoch"], p["end_offset"])
+            for p in body["topics"][0]["partitions"]] == [(0, 0, 3), (0, -1, -1)]
+    client.close()
+
+
+def test_long_poll_fetch_waits_for_data_or_max_wait(broker):
+    """A Fetch with max_wait_ms=5000 at the log end is answered as soon as another
+    connection produces (well before the wait), with every requested partition; one with
+    max_wait_ms=300 and no data is answered empty after about 300 ms."""
+    consumer = RawClient(broker.server.address)
+    producer = RawClient(broker.server.address)
+    start = time.monotonic()
+    body = consumer.call(wire.FETCH, 11, _fetch_body("events", 0, 0, max_wait_ms=300))
+    assert 0.25 < time.monotonic() - start < 3
+    assert body["responses"][0]["partitions"][0]["records"] == b""
+    request = {**_fetch_body("events", 0, 0, max_wait_ms=5000), "topics": [
+        {"topic": "events", "partitions": [
+            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20},
+            {"partition": 1, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}
+    cid = consumer.send(wire.FETCH, 12, request)
+    time.sleep(0.2)
+    start = time.monotonic()
+    _produce(producer, 9, "events", 0, [b"wake"])
+    got, body = consumer.recv(wire.FETCH, 12)
+    assert got == cid and time.monotonic() - start < 2
+    parts = body["responses"][0]["partitions"]
+    assert [p["partition_index"] for p in parts] == [0, 1]
+    assert [r.value for r in decode_records(bytes(parts[0]["records"]))] == [b"wake"]
+    consumer.close()
+    producer.close()
+
+
+def test_fetch_with_a_session_id_we_never_gave_is_refused(broker):
+    """The broker is sessionless (KIP-227 not implemented): a Fetch naming a session gets
+    FETCH_SESSION_ID_NOT_FOUND; session_id 0 is answered with session_id 0."""
+    client = RawClient(broker.server.address)
+    body = client.call(wire.FETCH, 12, {**_fetch_body("events", 0, 0), "session_id": 9,
+                                        "session_epoch": 1})
+    assert body["error_code"] == 70
+    assert client.call(wire.FETCH, 12, _fetch_body("events", 0, 0))["session_id"] == 0
+    client.close()
+
+
+# -- unmodified clients ------------------------------------------------------------------
+N_RECORDS = 3000
+
+
+def test_kafka_python_produces_and_consumes_with_negotiated_versions(broker):
+    """kafka-python 3.0.12 (KafkaProducer, KafkaConsumer with assigned partitions) finds
+    its versions through ApiVersions, produces 3000 keyed records with acks=all and reads
+    them back in order per partition. enable_idempotence=False: kafka-python infers a
+    broker >= 0.11 from our versions and would need InitProducerId (not in this issue)."""
+    kafka = pytest.importorskip("kafka")
+    producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all",
+                                   enable_idempotence=False, linger_ms=5)
+    futures = [producer.send("events", key=b"k%d" % (i % 7), value=b"v%d" % i)
+               for i in range(N_RECORDS)]
+    producer.flush(30)
+    metas = [f.get(10) for f in futures]
+    producer.close()
+    assert {m.partition for m in metas} == {0, 1}
+    consumer = kafka.KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None,
+                                   enable_auto_commit=False, auto_offset_reset="earliest",
+                                   consumer_timeout_ms=5000)
+    consumer.assign([kafka.TopicPartition("events", 0), kafka.TopicPartition("events", 1)])
+    got = {}
+    for message in consumer:
+        got.setdefault(message.partition, []).append((message.offset, message.value))
+        if sum(map(len, got.values())) == N_RECORDS:
+            break
+    assert consumer.end_offsets([kafka.TopicPartition("events", 0)]) == \
+        {kafka.TopicPartition("events", 0): len(got[0])}
+    consumer.close()
+    for partition, records in got.items():
+        assert [o for o, _ in records] == list(range(len(records)))
+        sent = [b"v%d" % i for i, m in enumerate(metas) if m.partition == partition]
+        assert [v for _, v in records] == sent
+
+
+def test_kcat_lists_produces_and_consumes(broker):
+    """kcat (librdkafka): -L shows the broker and partitions, -P writes 3000 keyed lines,
+    -C -e reads all of them back."""
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed (apt-get install -y kcat)")
+    listed = subprocess.run(["kcat", "-b", broker.bootstrap, "-L"], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert f"broker 0 at {broker.bootstrap}" in listed.stdout
+    assert 'topic "events" with 2 partitions' in listed.stdout
+    lines = "".join(f"key{i}:value{i}\n" for i in range(N_RECORDS))
+    produced = subprocess.run(["kcat", "-b", broker.bootstrap, "-P", "-t", "events", "-K:"],
+                              input=lines, capture_output=True, text=True, timeout=120)
+    assert produced.returncode == 0, produced.stderr
+    consumed = subprocess.run(["kcat", "-b", broker.bootstrap, "-C", "-t", "events", "-o",
+                               "beginning", "-e", "-f", "%k:%s\n"], capture_output=True,
+                              text=True, timeout=120)
+    assert consumed.returncode == 0, consumed.stderr
+    assert sorted(consumed.stdout.splitlines()) == sorted(lines.splitlines())
+
+
+def test_confluent_kafka_produces_and_consumes(broker):
+    """confluent-kafka (librdkafka, acks=all, idempotence off by default) produces 3000
+    records; a Consumer with assigned partitions reads them all and the watermarks agree.
+    (group.id is required by the client; with assign() it sends no group request the
+    broker must answer.)"""
+    ck = pytest.importorskip("confluent_kafka")
+    errors = []
+    producer = ck.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for i in range(N_RECORDS):
+        producer.produce("events", key=b"k%d" % i, value=b"c%d" % i,
+                         on_delivery=lambda err, msg: err and errors.append(err))
+    assert producer.flush(60) == 0 and errors == []
+    consumer = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused",
+                            "enable.auto.commit": False})
+    consumer.assign([ck.TopicPartition("events", p, ck.OFFSET_BEGINNING) for p in (0, 1)])
+    values, deadline = [], time.monotonic() + 60
+    while len(values) < N_RECORDS and time.monotonic() < deadline:
+        for m in consumer.consume(1000, 1.0):
+            assert m.error() is None, m.error()
+            values.append(m.value())
+    lows_highs = [consumer.get_watermark_offsets(ck.TopicPartition("events", p), 10)
+                  for p in (0, 1)]
+    consumer.close()
+    assert sorted(values) == sorted(b"c%d" % i for i in range(N_RECORDS))
+    assert sum(high - low for low, high in lows_highs) == N_RECORDS
