@@ -799,9 +799,13 @@ def _scan(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     key and value inside the record, a non-negative header count, and the record ending
     where its length says (checked here for records without headers; ``_check_headers``
     or ``_parse_headers`` does it for the others). Builds no per-record Python objects."""
-    batches, data, region_starts, region_ends = _gather(
-        buf, max_decompressed_bytes=max_decompressed_bytes,
-        skip_control_batches=skip_control_batches, in_place=in_place)
+    return _scan_gathered(*_gather(buf, max_decompressed_bytes=max_decompressed_bytes,
+                                   skip_control_batches=skip_control_batches,
+                                   in_place=in_place))
+
+
+def _scan_gathered(batches: list, data, region_starts: list, region_ends: list) -> _Scan:
+    """``_scan`` of what ``_gather`` returned."""
     arr = _np.frombuffer(data, _np.uint8)
     counts = _np.array([h.records_count for h in batches], _np.int64)
     n = int(counts.sum())
@@ -861,11 +865,75 @@ def checked_batches(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESS
     """``validate_records`` that also returns the header of every batch it checked (CRC
     included), so a leader's append need not walk and checksum the batches again. A
     request of uncompressed batches is read in place, without a copy."""
-    sc = _scan(buf, max_decompressed_bytes=max_decompressed_bytes, in_place=True)
+    gathered = _gather(buf, max_decompressed_bytes=max_decompressed_bytes,
+                       skip_control_batches=False, in_place=True)
+    batches = gathered[0]
+    if sum(h.records_count for h in batches) <= SMALL_REQUEST_RECORDS:
+        return batches, _walk_records(*gathered)
+    sc = _scan_gathered(*gathered)
     for i in _np.flatnonzero(sc.header_count).tolist():
         _parse_headers(sc.data, int(sc.headers_pos[i]), int(sc.ends[i]),
                        int(sc.header_count[i]))
-    return sc.batches, RecordsSummary(len(sc.key_len), int(_np.count_nonzero(sc.key_len < 0)))
+    return batches, RecordsSummary(len(sc.key_len), int(_np.count_nonzero(sc.key_len < 0)))
+
+
+# Up to this many records a request is checked record by record in Python: numpy's fixed
+# cost per call (about 75 us for the vectorised walk of one record, measured) is more than
+# the plain walk's few microseconds per record (32 records: 64 us walked, 87 us vectorised).
+SMALL_REQUEST_RECORDS = 32
+
+
+def _walk_records(batches: list, data, starts: list, ends: list) -> RecordsSummary:
+    """``_scan``'s checks, one record at a time (for small requests): every record inside
+    its batch and the batch filled exactly, every varint bounded and inside its record,
+    key, value and headers inside the record, and the record ending where its length says."""
+    decode = _varint.decode_varint
+    int_bytes = _varint.MAX_VARINT_BYTES
+    records = null_keys = 0
+    for header, pos, end in zip(batches, starts, ends):
+        def corrupt(what: str) -> CorruptRecordError:
+            return CorruptRecordError(
+                f"batch at position {header.position} (base offset {header.base_offset}): "
+                f"{what}")
+
+        def field(what: str, at: int, limit: int, max_bytes: int = int_bytes):
+            try:
+                return decode(data, at, end=limit, max_bytes=max_bytes)
+            except CorruptRecordError as exc:
+                raise corrupt(f"{what} in record {i}: {exc}") from None
+
+        for i in range(header.records_count):
+            if pos >= end:
+                raise corrupt(f"records_count is {header.records_count} but its records "
+                              f"end after {i}")
+            length, pos = field("record length", pos, end)
+            record_end = pos + length
+            if length < 0 or record_end > end:
+                raise corrupt(f"record {i} has length {length}, "
+                              f"{'negative' if length < 0 else 'past the end of the batch'}")
+            pos += 1                                                  # attributes
+            _, pos = field("timestamp delta", pos, record_end, _varint.MAX_VARLONG_BYTES)
+            _, pos = field("offset delta", pos, record_end)
+            for what in ("key", "value"):
+                size, pos = field(f"{what} length", pos, record_end)
+                if size < -1 or pos + max(size, 0) > record_end:
+                    raise corrupt(f"{what} length out of bounds in record {i}")
+                if size < 0 and what == "key":
+                    null_keys += 1
+                pos += max(size, 0)
+            count, pos = field("header count", pos, record_end)
+            if count < 0:
+                raise corrupt(f"negative header count in record {i}")
+            if count:
+                _parse_headers(data, pos, record_end, count)
+            elif pos != record_end:
+                raise corrupt(f"record length mismatch in record {i}")
+            pos = record_end
+        if pos != end:
+            raise corrupt(f"{end - pos} bytes after its {header.records_count} records "
+                          f"(records_count mismatch or trailing bytes)")
+        records += header.records_count
+    return RecordsSummary(records, null_keys)
 
 
 def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,

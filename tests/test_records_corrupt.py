@@ -17,6 +17,8 @@ from storage.records import (ATTRIBUTES_POS, CODEC_GZIP, CODEC_LZ4, CODEC_NONE, 
                              CRC_POS, HEADER, HEADER_SIZE, LOG_OVERHEAD, RECORDS_COUNT_POS,
                              RecordBatch, build, decode_columns, decode_records,
                              validate_records)
+from storage import records as records_mod
+from storage.records import SMALL_REQUEST_RECORDS
 from storage.varint import encode_varint as vi
 
 CORRUPT = (CorruptRecordError,)  # UnsupportedCodecError/VersionError are subclasses
@@ -102,11 +104,13 @@ def test_overlong_varints():
     _raises(_batch(b"\x80" * 6 + GOOD_BODY, 1), match="longer than 5")  # record length
 
 
-def test_varints_cut_off_by_the_end_of_the_request():
+@pytest.mark.parametrize("walked", [True, False], ids=["walked", "vectorised"])
+def test_varints_cut_off_by_the_end_of_the_request(walked, monkeypatch):
     """A field whose varint still continues at the last byte of the request is refused with
     CorruptRecordError by every reader, validate_records too (it reads a request in place,
     bytes or a view, unpadded: its vectorised reads past the end must clip, not raise
-    IndexError)."""
+    IndexError). Small requests are walked record by record, larger ones vectorised: both."""
+    monkeypatch.setattr(records_mod, "SMALL_REQUEST_RECORDS", 1000 if walked else 0)
     fields = [b"\x00", vi(0), vi(0), vi(1) + b"k", vi(1) + b"v", vi(0)]
     for cut in range(1, len(fields)):
         for tail in (b"\x80", b"\xff\xff", b"\x80" * 4):
@@ -226,7 +230,17 @@ def _fix_legacy_crc(data):
 
 
 def _check_decoders(data):
-    """Either every decoder agrees on the records, or each raises a typed error."""
+    """Either every decoder agrees on the records, or each raises a typed error
+    (validate_records both walking small requests record by record and vectorised)."""
+    for walk in (1000, 0):
+        records_mod.SMALL_REQUEST_RECORDS = walk
+        try:
+            _check_decoders_once(data)
+        finally:
+            records_mod.SMALL_REQUEST_RECORDS = SMALL_REQUEST_RECORDS
+
+
+def _check_decoders_once(data):
     try:
         records = decode_records(data, max_decompressed_bytes=1 << 20)
     except CORRUPT:
