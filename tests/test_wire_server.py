@@ -612,3 +612,86 @@ def test_confluent_kafka_produces_and_consumes(broker):
     consumer.close()
     assert sorted(values) == sorted(b"c%d" % i for i in range(N_RECORDS))
     assert sum(high - low for low, high in lows_highs) == N_RECORDS
+
+
+def test_fuzzed_frames_while_a_producer_writes_lose_nothing_acknowledged(broker):
+    """Thousands of random and mutated frames on many connections while kafka-python
+    produces with acks=all: every acknowledged record is in the log in order, and the
+    broker still answers afterwards."""
+    kafka = pytest.importorskip("kafka")
+    import random
+    rng = random.Random(21)
+    valid = [wire.encode_request(wire.RequestHeader(key, version, 5, "fuzz"), body)
+             for key, version, body in (
+                 (wire.PRODUCE, 9, {"acks": 1, "timeout_ms": 100, "topic_data": [
+                     {"name": "events", "partition_data": [
+                         {"index": 0, "records": bytes(build([b"junk"]))}]}]}),
+                 (wire.FETCH, 12, _fetch_body("events", 0, 0)),
+                 (wire.METADATA, 12, {"topics": None}),
+                 (wire.LIST_OFFSETS, 7, {"topics": [{"name": "events", "partitions": [
+                     {"partition_index": 0, "timestamp": -1}]}]}))]
+    acked, failures = [], []
+
+    def produce():
+        producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all",
+                                       enable_idempotence=False, retries=5)
+        for i in range(1000):
+            producer.send("events", partition=1, value=b"r%d" % i).add_callback(
+                lambda m, i=i: acked.append(i)).add_errback(failures.append)
+            if i % 100 == 0:
+                time.sleep(0.02)
+        producer.flush(60)
+        producer.close()
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    for _ in range(300):
+        frames = []
+        for _ in range(10):
+            frame = bytearray(rng.choice(valid))
+            if rng.random() < 0.3:
+                frame = bytearray(os.urandom(rng.randrange(1, 200)))
+            else:
+                for _ in range(rng.randrange(1, 4)):
+                    frame[rng.randrange(len(frame))] = rng.randrange(256)
+            frames.append(bytes(frame))
+        try:
+            with socket.create_connection(broker.server.address, timeout=5) as sock:
+                sock.sendall(b"".join(frames))
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(0.5)
+                while sock.recv(65536):
+                    pass
+        except OSError:
+            pass                        # reset or timed out: the broker chose to drop us
+    writer.join(120)
+    assert failures == [] and len(acked) == 1000
+    stored = [r.value for r in decode_records(broker.backend.log("events", 1).read(0, 1 << 24))]
+    assert stored == [b"r%d" % i for i in range(1000)]
+    client = RawClient(broker.server.address)
+    assert client.call(wire.METADATA, 12, {"topics": None})["topics"][0]["name"] == "events"
+    client.close()
+
+
+def test_request_buffers_are_bounded_by_queued_max_request_bytes(server_factory):
+    """queued.max.request.bytes=8 KiB with 5 KiB requests: a second connection's request
+    is not read (no buffer allocated) while the first's is unanswered, and is served once
+    the first is answered; every buffer is released after."""
+    handler = ScriptedHandler(deferred=True)
+    server = server_factory(handler, socket_request_max_bytes=6000,
+                            queued_max_request_bytes=8192)
+    payload = b"m" * 5000
+    with socket.create_connection(server.address, timeout=10) as a, \
+            socket.create_connection(server.address, timeout=10) as b:
+        a.sendall(_raw_request(1, payload=payload))
+        assert _wait(lambda: len(handler.futures) == 1)
+        b.sendall(_raw_request(2, payload=payload))
+        assert _wait(lambda: server.stats().get("memory_waits") == 1)
+        time.sleep(0.1)
+        assert len(handler.futures) == 1 and server.stats()["memory_bytes"] < 8192
+        handler.futures[0].set_result(handler.futures[0].answer)
+        assert _answers(a, 1) == [(1, payload)]
+        assert _wait(lambda: len(handler.futures) == 2)
+        handler.futures[1].set_result(handler.futures[1].answer)
+        assert _answers(b, 1) == [(2, payload)]
+    assert _wait(lambda: server.stats()["memory_bytes"] == 0)

@@ -19,6 +19,9 @@ Invariants, per connection:
   ones still pending before it;
 - at most ``max_queued_requests`` requests are received and not yet answered; past that
   the connection is not read from (TCP pushes back on the client);
+- the request buffers of all connections (allocated at a size prefix, released when the
+  request is answered) total at most ``queued.max.request.bytes``: a connection whose next
+  request does not fit waits, unread, until memory is released (Kafka's memory pool);
 - a connection with nothing pending and no bytes moved for ``connections.max.idle.ms`` is
   closed; beyond ``max.connections`` a new connection is accepted and closed at once.
 
@@ -64,6 +67,7 @@ class SocketServerConfig:
     connections_max_idle_ms: int = 600_000      # Kafka's default: 10 minutes
     max_connections: int = 2**31 - 1
     max_queued_requests: int = 16               # per connection, received and unanswered
+    queued_max_request_bytes: int = 512 * 1024 * 1024   # all connections' request buffers
     io_threads: int = 0                         # 0: handle on the network thread
     backlog: int = 128
 
@@ -72,6 +76,9 @@ class SocketServerConfig:
                      "max_connections", "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.queued_max_request_bytes < self.socket_request_max_bytes:
+            raise ValueError("queued_max_request_bytes must be at least "
+                             "socket_request_max_bytes")
         if self.io_threads < 0:
             raise ValueError(f"io_threads must be >= 0, got {self.io_threads}")
 
@@ -87,7 +94,7 @@ class SocketServerConfig:
                 host, _, port = address.rpartition(":")
                 kwargs["host"], kwargs["port"] = host or "127.0.0.1", int(port)
             elif key in ("socket.request.max.bytes", "connections.max.idle.ms",
-                         "max.connections"):
+                         "max.connections", "queued.max.request.bytes"):
                 kwargs[key.replace(".", "_")] = int(value)
             else:
                 raise ValueError(f"unknown listener setting {key!r}")
@@ -113,17 +120,18 @@ class RequestHandler(Protocol):
 class _Slot:
     """One received request's place in its connection's response order."""
 
-    __slots__ = ("done", "parts")
+    __slots__ = ("done", "parts", "size")
 
-    def __init__(self):
+    def __init__(self, size: int):
         self.done = False
         self.parts: list | None = None
+        self.size = size                # the request's buffer, released when answered
 
 
 class _Connection:
     __slots__ = ("sock", "peer", "size_buf", "size_got", "body", "body_got", "inbox",
                  "slots", "busy", "out", "last_active", "closed", "want_write", "muted",
-                 "registered")
+                 "registered", "waiting_size")
 
     def __init__(self, sock: socket.socket, peer, now: float):
         self.sock = sock
@@ -140,6 +148,7 @@ class _Connection:
         self.closed = False
         self.want_write = False
         self.muted = False
+        self.waiting_size: int | None = None       # a request size waiting for memory
         self.registered = selectors.EVENT_READ     # the events the selector watches
 
     def pending(self) -> int:
@@ -167,6 +176,8 @@ class SocketServer:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._stats = collections.Counter()
+        self._memory_bytes = 0          # request buffers allocated and not yet answered
+        self._memory_waiters: collections.deque = collections.deque()
         self._next_idle_check = 0.0
         self.port: int | None = None
         self.host = self.config.host
@@ -216,9 +227,11 @@ class SocketServer:
 
     def stats(self) -> dict:
         """Counters: accepted, closed, refused (over max.connections), requests,
-        responses, oversized, invalid, idle_closed, handler_errors; and connections now."""
+        responses, oversized, invalid, idle_closed, handler_errors, memory_waits; and
+        connections and memory_bytes (request buffers held) now."""
         out = dict(self._stats)
         out["connections"] = len(self._connections)
+        out["memory_bytes"] = self._memory_bytes
         return out
 
     # -- the network thread ---------------------------------------------------------------
@@ -294,6 +307,8 @@ class SocketServer:
             self._selector.unregister(conn.sock)
         conn.sock.close()
         conn.inbox.clear()
+        self._release(sum(slot.size for slot in conn.slots) +
+                      (len(conn.body) if conn.body is not None else 0))
         conn.slots.clear()
         conn.out = []
         conn.body = None
@@ -303,7 +318,8 @@ class SocketServer:
         output is left; nothing (unregistered) when muted with nothing to write."""
         if conn.closed:
             return
-        events = (0 if conn.muted else selectors.EVENT_READ) | \
+        reading = not conn.muted and conn.waiting_size is None
+        events = (selectors.EVENT_READ if reading else 0) | \
             (selectors.EVENT_WRITE if conn.want_write else 0)
         if events == conn.registered:
             return
@@ -319,7 +335,7 @@ class SocketServer:
     def _read(self, conn: _Connection) -> None:
         """Read what the socket has: the 4-byte size, then the body into its own buffer."""
         for _ in range(16):     # bounded: other connections get their turn
-            if conn.muted or conn.closed:
+            if conn.muted or conn.closed or conn.waiting_size is not None:
                 return
             if conn.body is None:
                 view = memoryview(conn.size_buf)[conn.size_got:]
@@ -348,8 +364,8 @@ class SocketServer:
                                       f"{self.config.socket_request_max_bytes} "
                                       f"(socket.request.max.bytes)")
                     return
-                conn.body = bytearray(size)
-                conn.body_got = 0
+                if not self._allocate(conn, size):
+                    return
             else:
                 conn.body_got += n
             if conn.body_got == len(conn.body):
@@ -361,10 +377,11 @@ class SocketServer:
             header, pos = wire.decode_request_header(frame)
         except wire.InvalidRequestError as exc:
             self._stats["invalid"] += 1
+            self._release(len(frame))
             self._close(conn, str(exc))
             return
         self._stats["requests"] += 1
-        slot = _Slot()
+        slot = _Slot(len(frame))
         conn.slots.append(slot)
         conn.inbox.append((slot, Request(header, frame[pos:], conn.peer,
                                          time.monotonic_ns())))
@@ -372,6 +389,35 @@ class SocketServer:
             conn.muted = True
             self._update_interest(conn)
         self._dispatch(conn)
+
+    # -- the memory pool of request buffers (queued.max.request.bytes) ---------------------
+    def _allocate(self, conn: _Connection, size: int) -> bool:
+        """The body buffer for a request of ``size`` bytes, if the pool has room (always
+        when nothing is allocated); else the connection waits for memory, unread."""
+        if self._memory_bytes and \
+                self._memory_bytes + size > self.config.queued_max_request_bytes:
+            conn.waiting_size = size
+            self._memory_waiters.append(conn)
+            self._stats["memory_waits"] += 1
+            self._update_interest(conn)
+            return False
+        self._memory_bytes += size
+        conn.body = bytearray(size)
+        conn.body_got = 0
+        return True
+
+    def _release(self, size: int) -> None:
+        self._memory_bytes -= size
+        while self._memory_waiters:
+            conn = self._memory_waiters[0]
+            if not conn.closed:
+                if self._memory_bytes and self._memory_bytes + conn.waiting_size > \
+                        self.config.queued_max_request_bytes:
+                    return
+                size, conn.waiting_size = conn.waiting_size, None
+                self._allocate(conn, size)
+                self._update_interest(conn)
+            self._memory_waiters.popleft()
 
     # -- handing requests over and taking answers back --------------------------------------
     def _dispatch(self, conn: _Connection) -> None:
@@ -448,6 +494,7 @@ class SocketServer:
         """Move the finished responses at the head of the order to the output and write."""
         while conn.slots and conn.slots[0].done:
             slot = conn.slots.popleft()
+            self._release(slot.size)
             if slot.parts is not None:
                 conn.out.extend(slot.parts)
                 self._stats["responses"] += 1
@@ -485,7 +532,8 @@ class SocketServer:
             return
         self._next_idle_check = now + min(limit_s / 2, 1.0)
         for conn in list(self._connections.values()):
-            if not conn.slots and not conn.out and now - conn.last_active > limit_s:
+            if not conn.slots and not conn.out and conn.waiting_size is None and \
+                    now - conn.last_active > limit_s:
                 self._stats["idle_closed"] += 1
                 self._close(conn, f"idle for over {self.config.connections_max_idle_ms} ms")
 
