@@ -695,3 +695,15 @@ def test_request_buffers_are_bounded_by_queued_max_request_bytes(server_factory)
         handler.futures[1].set_result(handler.futures[1].answer)
         assert _answers(b, 1) == [(2, payload)]
     assert _wait(lambda: server.stats()["memory_bytes"] == 0)
+
+
+def test_acks_0_failures_close_the_connection_and_bad_names_are_invalid_topics(broker):
+    """An acks=0 produce that fails (unknown partition) closes the connection, Kafka's only
+    way to tell the client; Metadata answers INVALID_TOPIC_EXCEPTION (17) for a bad name."""
+    client = RawClient(broker.server.address)
+    body = client.call(wire.METADATA, 9, {"topics": [{"name": "bad name!"}, {"name": ""}]})
+    assert [t["error_code"] for t in body["topics"]] == [17, 17]
+    client.send(wire.PRODUCE, 9, {"acks": 0, "timeout_ms": 100, "topic_data": [
+        {"name": "events", "partition_data": [{"index": 9, "records": _batch([b"x"])}]}]})
+    assert _closed_by_server(client.sock)
+    client.close()

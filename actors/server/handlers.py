@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Protocol
 from .. import wire
 from ..errors import (FencedLeaderEpochError, InvalidRecordError, KafkaError,
                       UnknownLeaderEpochError)
-from ..protocol import EpochEndOffset, FetchResult, ProduceResult
+from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topic_name
 from .network import Request
 
 log = logging.getLogger(__name__)
@@ -323,8 +323,9 @@ class KafkaApis:
         topics = []
         for name in names:
             try:
-                parts = backend.partitions(name) if name is not None else None
-            except Exception as exc:    # the backend could not say: answer per topic
+                validate_topic_name(name)
+                parts = backend.partitions(name)
+            except Exception as exc:    # a bad name, or the backend could not say
                 topics.append({"error_code": _code(exc), "name": name, "partitions": []})
                 continue
             if parts is None:
@@ -359,6 +360,14 @@ class KafkaApis:
                                 self._append(name, p["index"], p["records"], acks,
                                              timeout_ms)))
         if acks == 0:
+            failed = [(t, p, r) for t, p, r in results if isinstance(r, BaseException)]
+            if failed:
+                # Kafka's way: no response to carry the error, so the connection is closed
+                # and the client refreshes its metadata
+                t, p, r = failed[0]
+                raise wire.InvalidRequestError(
+                    f"acks=0 produce to {t}-{p} failed ({type(r).__name__}: {r}); closing "
+                    f"the connection so the client refreshes its metadata", request.header)
             return None
         header = request.header
         pending = [r for _, _, r in results if isinstance(r, concurrent.futures.Future)]

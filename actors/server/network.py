@@ -246,10 +246,7 @@ class SocketServer:
                     elif what == "wake":
                         self._drain_wake()
                     else:
-                        if events & selectors.EVENT_WRITE:
-                            self._write(what)
-                        if events & selectors.EVENT_READ and not what.closed:
-                            self._read(what)
+                        self._serve(what, events)
                 self._complete_pending()
                 self._close_idle()
         except Exception:       # a bug here would otherwise leave every client hanging
@@ -262,6 +259,18 @@ class SocketServer:
                 self._listener.close()
             self._wake_r.close()
             self._wake_w.close()
+
+    def _serve(self, conn: _Connection, events: int) -> None:
+        """One connection's events; a bug met on its behalf closes it alone."""
+        try:
+            if events & selectors.EVENT_WRITE:
+                self._write(conn)
+            if events & selectors.EVENT_READ and not conn.closed:
+                self._read(conn)
+        except Exception as exc:
+            log.exception("serving the connection from %s failed", conn.peer)
+            self._stats["handler_errors"] += 1
+            self._close(conn, f"internal error: {exc!r}")
 
     def _wake(self) -> None:
         try:
