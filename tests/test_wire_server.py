@@ -707,3 +707,32 @@ def test_acks_0_failures_close_the_connection_and_bad_names_are_invalid_topics(b
         {"name": "events", "partition_data": [{"index": 9, "records": _batch([b"x"])}]}]})
     assert _closed_by_server(client.sock)
     client.close()
+
+
+def test_clients_find_offsets_by_time_and_the_watermarks(broker):
+    """kafka-python's beginning/end offsets and offsets_for_times (ListOffsets), and
+    confluent-kafka's offsets_for_times and watermarks (ListOffsets at read_committed,
+    which is the high watermark here: no transactions) agree with the Log."""
+    kafka = pytest.importorskip("kafka")
+    ck = pytest.importorskip("confluent_kafka")
+    now = int(time.time() * 1000)
+    producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all",
+                                   enable_idempotence=False)
+    for i in range(10):
+        producer.send("events", partition=0, value=b"%d" % i, timestamp_ms=now + i * 1000)
+    producer.flush(30)
+    producer.close()
+    tp = kafka.TopicPartition("events", 0)
+    consumer = kafka.KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None)
+    assert consumer.config["api_version"] == (3, 0)        # inferred from ListOffsets v7
+    assert consumer.beginning_offsets([tp]) == {tp: 0}
+    assert consumer.end_offsets([tp]) == {tp: 10}
+    found = consumer.offsets_for_times({tp: now + 4500})[tp]
+    assert (found.offset, found.timestamp) == (5, now + 5000)
+    assert consumer.offsets_for_times({tp: now + 60_000}) == {tp: None}
+    consumer.close()
+    c = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused"})
+    [got] = c.offsets_for_times([ck.TopicPartition("events", 0, now + 2500)], 10)
+    assert got.offset == 3
+    assert c.get_watermark_offsets(ck.TopicPartition("events", 0), 10) == (0, 10)
+    c.close()
