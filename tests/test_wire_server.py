@@ -736,3 +736,30 @@ def test_clients_find_offsets_by_time_and_the_watermarks(broker):
     assert got.offset == 3
     assert c.get_watermark_offsets(ck.TopicPartition("events", 0), 10) == (0, 10)
     c.close()
+
+
+def test_a_client_that_never_reads_its_answers_stops_being_read(server_factory):
+    """A client pipelining requests for 256 KiB answers and reading none: once the socket
+    buffers are full the server stops reading its requests, so what it holds for that
+    client stays bounded (a few answers, not 400)."""
+    class Big(ScriptedHandler):
+        def handle(self, request):
+            super().handle(request)
+            cid = request.header.correlation_id
+            return [_SIZE.pack(4 + (256 << 10)), struct.pack(">i", cid), bytes(256 << 10)]
+
+    handler = Big()
+    server = server_factory(handler)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        sock.setblocking(False)
+        frames = b"".join(_raw_request(i) for i in range(400))
+        sent = 0
+        deadline = time.monotonic() + 3
+        while sent < len(frames) and time.monotonic() < deadline:
+            try:
+                sent += sock.send(frames[sent:])
+            except BlockingIOError:
+                time.sleep(0.01)
+        time.sleep(0.3)
+        assert len(handler.seen) < 100

@@ -17,8 +17,9 @@ Invariants, per connection:
   for the same reason: two Produce requests of one client must append in order);
 - responses are written in request order: a response completed early waits behind the
   ones still pending before it;
-- at most ``max_queued_requests`` requests are received and not yet answered; past that
-  the connection is not read from (TCP pushes back on the client);
+- at most ``max_queued_requests`` requests are received and not yet answered; past that,
+  and while answers wait for the socket to take them, the connection is not read from
+  (TCP pushes back on the client);
 - the request buffers of all connections (allocated at a size prefix, released when the
   request is answered) total at most ``queued.max.request.bytes``: a connection whose next
   request does not fit waits, unread, until memory is released (Kafka's memory pool);
@@ -322,13 +323,19 @@ class SocketServer:
         conn.out = []
         conn.body = None
 
+    @staticmethod
+    def _reading(conn: _Connection) -> bool:
+        """May the connection's next bytes be read? Not while too many of its requests are
+        unanswered, while its next request waits for memory, nor while answers wait for
+        the socket (a client that does not read its answers stops being read)."""
+        return not conn.muted and conn.waiting_size is None and not conn.want_write
+
     def _update_interest(self, conn: _Connection) -> None:
         """Register for what the connection waits on: reads unless muted, writes while
         output is left; nothing (unregistered) when muted with nothing to write."""
         if conn.closed:
             return
-        reading = not conn.muted and conn.waiting_size is None
-        events = (selectors.EVENT_READ if reading else 0) | \
+        events = (selectors.EVENT_READ if self._reading(conn) else 0) | \
             (selectors.EVENT_WRITE if conn.want_write else 0)
         if events == conn.registered:
             return
@@ -344,7 +351,7 @@ class SocketServer:
     def _read(self, conn: _Connection) -> None:
         """Read what the socket has: the 4-byte size, then the body into its own buffer."""
         for _ in range(16):     # bounded: other connections get their turn
-            if conn.muted or conn.closed or conn.waiting_size is not None:
+            if conn.closed or not self._reading(conn):
                 return
             if conn.body is None:
                 view = memoryview(conn.size_buf)[conn.size_got:]
