@@ -28,6 +28,18 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
 
 
+#: ``RAYKAFKA_VERBOSE=1`` (what ``raykafka --verbose`` sets, inherited by the processes a
+#: command starts): show what Ray, Ray Data and Spark log of their own at start-up and while
+#: running. Unset or "0": raykafka's commands, demos and examples show their own output and
+#: the warnings that point at a real problem (docs/cli.md, "Output and --verbose").
+VERBOSE_ENV = "RAYKAFKA_VERBOSE"
+
+
+def verbose() -> bool:
+    """True when ``RAYKAFKA_VERBOSE`` asks for the internal logs of Ray and Spark."""
+    return os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0")
+
+
 def loopback() -> None:
     """Ask the Ray processes started from here to keep 127.0.0.1 as 127.0.0.1."""
     os.environ.update(LOOPBACK_ENV)

@@ -62,6 +62,7 @@ def init_local(namespace: str, *, dashboard: bool = False, **kwargs) -> None:
     _loopback()
     _reconcile_auth()
     kwargs.setdefault("log_to_driver", False)
+    _quiet(kwargs)
     kwargs.setdefault("object_store_memory",
                       int(os.environ.get("RAYKAFKA_OBJECT_STORE_BYTES", 2 << 30)))
     if dashboard:
@@ -93,6 +94,7 @@ def attach(address: str, namespace: str, *, auth_mode: str | None = None, **kwar
         _loopback()
         kwargs.setdefault("_node_ip_address", "127.0.0.1")
     _reconcile_auth(attaching=address not in ("auto", ""), cluster_mode=auth_mode)
+    _quiet(kwargs)
     try:
         ray.init(address=address, namespace=namespace, log_to_driver=False, **kwargs)
     except (ConnectionError, RuntimeError) as exc:
@@ -101,18 +103,74 @@ def attach(address: str, namespace: str, *, auth_mode: str | None = None, **kwar
 
 
 def ray_messages_to_stderr() -> None:
-    """Print what Ray pushes to this driver (the raylet's warnings, such as "N PYTHON
-    worker processes have been started") on stderr. Ray prints them on ``sys.stdout``
-    (``worker.print_to_stdstream`` with ``is_err`` False) even with
-    ``log_to_driver=False``, which mixes them into the data of a command whose output is
-    data (``raykafka consume``, ``perf --json``)."""
-    import ray._private.worker as worker
-    original = getattr(worker.print_to_stdstream, "__wrapped__", worker.print_to_stdstream)
+    """Print what Ray pushes to this driver (the raylet's warnings, a task's or actor's
+    error) on stderr. Ray prints them on ``sys.stdout`` (``worker.print_to_stdstream``
+    with ``is_err`` False) even with ``log_to_driver=False``, which mixes them into the
+    data of a command whose output is data (``raykafka consume``, ``perf --json``)."""
+    _driver_messages["to_stderr"] = True
+    _hook_driver_messages()
 
-    def to_stderr(data, ignore_prefix):
-        return original(dict(data, is_err=True), ignore_prefix)
-    to_stderr.__wrapped__ = original
-    worker.print_to_stdstream = to_stderr
+
+#: Messages Ray pushes to a driver that point at nothing wrong here, left out unless
+#: RAYKAFKA_VERBOSE: the raylet's "N PYTHON worker processes have been started", which it
+#: sends whenever the node's worker processes (idle task workers included) pass 4, 5,
+#: 6, ... times its CPU count (ray 2.60 src/ray/raylet/worker_pool.cc, WarnAboutSize):
+#: one actor per partition replica (DESIGN.md) passes 4x on a 2-CPU machine with 8
+#: (docs/ray-notes.md). Every other message (a dead actor, a failed task, memory) stays.
+QUIET_DRIVER_MESSAGES = ("worker processes have been started on node",)
+_driver_messages = {"to_stderr": False}
+
+
+def _hook_driver_messages() -> None:
+    """Route Ray's messages to this driver through ``_driver_message`` (once)."""
+    import ray._private.worker as worker
+    if getattr(worker.print_to_stdstream, "__raykafka__", False):
+        return
+    original = worker.print_to_stdstream
+
+    def print_to_stdstream(data, ignore_prefix):
+        data = _driver_message(data)
+        if data is not None:
+            return original(data, ignore_prefix)
+    print_to_stdstream.__wrapped__ = original
+    print_to_stdstream.__raykafka__ = True
+    worker.print_to_stdstream = print_to_stdstream
+
+
+def _driver_message(data: dict) -> dict | None:
+    """One push of Ray's to this driver as it is to be printed (None: nothing to print)."""
+    lines = list(data.get("lines") or ())
+    if not _rayenv.verbose():
+        lines = [line for line in lines
+                 if not any(quiet in line for quiet in QUIET_DRIVER_MESSAGES)]
+        if not lines:
+            return None
+    return dict(data, lines=lines, is_err=data.get("is_err") or _driver_messages["to_stderr"])
+
+
+class _QuietRecords:
+    """A logging filter: drops the records of Ray's that say nothing wrong: the notice
+    that token authentication is on (Ray's default; raykafka's loopback Ray uses it).
+    "Token authentication is disabled", a warning about security, is kept."""
+    PREFIXES = ("Token authentication is enabled for this Ray cluster",)
+
+    @classmethod
+    def filter(cls, record) -> bool:
+        return not str(record.msg).startswith(cls.PREFIXES)
+
+
+def _quiet(kwargs: dict) -> None:
+    """Unless RAYKAFKA_VERBOSE: ``ray.init``'s own INFO lines ("Started a local Ray
+    instance") off, the notices of ``_QuietRecords`` and ``QUIET_DRIVER_MESSAGES`` left out.
+    A ``logging_level`` given by the caller wins."""
+    import logging
+    _hook_driver_messages()
+    if _rayenv.verbose():
+        return
+    kwargs.setdefault("logging_level", logging.WARNING)
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if _QuietRecords not in logger.filters:
+        logger.addFilter(_QuietRecords)
 
 
 def auth_mode() -> str:

@@ -38,9 +38,11 @@ Only the public API is imported (``actors``, ``actors.errors``, ``jobs.data``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -57,6 +59,7 @@ from actors.errors import (IllegalArgumentError, IllegalStateError,
                            InvalidConfigurationError, KafkaTimeoutError)
 from jobs.data import (TIMESTAMP_CREATE_TIME, _as_cluster, _topic_list, read_topic,
                        write_topic)
+from jobs.quiet import spark_log4j2_properties, verbose
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,17 @@ DEFAULT_CONFIGS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
 SPARK_MASTER_SUFFIX = "_SPARK_MASTER"           # raydp's name for the master actor
+#: RayDP's setting for the driver JVM's ``-Dlog4j2.configurationFile``. Its default,
+#: "log4j2-default.properties", is a file no JVM finds: log4j2 says "ERROR
+#: StatusConsoleListener Reconfiguration failed: No configuration found" on the terminal and
+#: Spark falls back to its defaults profile, which prints how to change the level.
+SPARK_DRIVER_LOG4J2_KEY = "spark.log4j.config.file.name"
+#: The driver JVM runs a Ray core worker (RayDP's Ray Java client) that writes Ray's C++ log
+#: lines to its stderr, our terminal: "[2026-11-25 23:42:42,739 I 7931 8004]
+#: gcs_client.cc:96: GcsClient has no Cluster ID set, and won't fetch from GCS" at INFO,
+#: before Ray's logging reads its level (RAY_BACKEND_LOG_LEVEL=warning only adds a line
+#: saying so). Lines of this shape at DEBUG or INFO are left out of the JVM's stderr.
+RAY_CPP_INFO_LINE = re.compile(rb"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DI] \d+ \d+\] ")
 STOP_TIMEOUT_S = 60.0
 
 _lock = threading.RLock()
@@ -110,7 +124,10 @@ def spark_session(app_name: str = "raykafka", num_executors: int = 1, executor_c
     of ``executor_cores`` Ray CPUs and ``executor_memory`` each (Ray actors).
     ``configs``: Spark settings, over ``DEFAULT_CONFIGS``; extra Java options given for
     the driver, the executors or the app master are added after ``JAVA_OPTIONS``.
-    ``log_level``: the SparkContext's log level (None: leave log4j's).
+    ``log_level``: the SparkContext's log level (None: leave log4j's). Unless
+    RAYKAFKA_VERBOSE (jobs/quiet.py) or ``configs`` names one (``spark.log4j.config.file.name``),
+    the driver JVM starts with a log4j2 configuration at that level
+    (``jobs.quiet.spark_log4j2_properties``), so its start prints nothing but warnings.
 
     One session per process (RayDP's rule): called again with the same arguments it returns
     the running session; with others it raises IllegalStateError (``stop_spark()`` first).
@@ -161,15 +178,22 @@ def spark_session(app_name: str = "raykafka", num_executors: int = 1, executor_c
         # machine's first interface when the hostname resolves to loopback
         os.environ.setdefault("SPARK_LOCAL_IP", conf["spark.driver.bindAddress"])
         started = time.monotonic()
+        log4j2, quiet = None, log_level is not None and not verbose()
+        if quiet and SPARK_DRIVER_LOG4J2_KEY not in conf:
+            log4j2 = conf[SPARK_DRIVER_LOG4J2_KEY] = _write_log4j2(log_level)
         try:
-            spark = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory,
-                                     configs=conf)
+            with _driver_jvm_stderr_filtered(quiet):
+                spark = raydp.init_spark(app_name, num_executors, executor_cores,
+                                         executor_memory, configs=conf)
         except Exception as exc:
             if "has inited" in str(exc):
                 raise IllegalStateError(
                     "a RayDP Spark session not made by jobs.spark.spark_session already runs "
                     "in this process; raydp.stop_spark() it first") from None
             raise
+        finally:
+            if log4j2 is not None:              # read once, when the driver JVM started
+                os.unlink(log4j2)
         if log_level is not None:
             spark.sparkContext.setLogLevel(log_level)
         log.info("Spark session %r on RayDP up in %.1fs", app_name, time.monotonic() - started)
@@ -228,6 +252,47 @@ def stop_spark(timeout_s: float = STOP_TIMEOUT_S) -> None:
                 raise KafkaTimeoutError(f"RayDP's master actor of {app_name!r} still exists "
                                         f"{timeout_s:g}s after stop_spark()")
             time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _driver_jvm_stderr_filtered(active: bool = True):
+    """While the block runs (``raydp.init_spark``, which starts the driver JVM: it inherits
+    this process's fd 2 for its life), fd 2 is a pipe; a thread copies what comes through
+    it to the real stderr, all but ``RAY_CPP_INFO_LINE`` lines. Afterwards this process
+    has its own stderr back and only the JVM writes to the pipe (the thread ends when the
+    JVM does)."""
+    if not active:
+        yield
+        return
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    threading.Thread(target=_copy_stderr, args=(read_end, stderr), daemon=True,
+                     name="spark-driver-stderr").start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(stderr, 2)
+
+
+def _copy_stderr(read_end: int, stderr: int) -> None:
+    with os.fdopen(read_end, "rb") as lines:
+        for line in lines:
+            if not RAY_CPP_INFO_LINE.match(line):
+                os.write(stderr, line)
+    os.close(stderr)
+
+
+def _write_log4j2(level: str) -> str:
+    """A temporary file of ``spark_log4j2_properties(level)``; its path."""
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="raykafka-spark-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w") as f:
+        f.write(spark_log4j2_properties(level))
+    return path
 
 
 def _check_session_args(app_name, num_executors, executor_cores, executor_memory, configs):
@@ -365,7 +430,7 @@ def dataset_to_df(spark: SparkSession, ds: "ray.data.Dataset", schema: pa.Schema
     batch it ever read in Ray's object store.)
     """
     from pyspark.sql.pandas.types import from_arrow_type
-    from raydp.spark.dataset import _convert_by_rdd, get_locations
+    from raydp.spark.dataset import _convert_by_rdd
     struct = T.StructType([T.StructField(f.name, from_arrow_type(f.type), f.nullable)
                            for f in schema])
     # the block references as Dataset.to_spark collects them; not to_arrow_refs, which ends
@@ -377,10 +442,18 @@ def dataset_to_df(spark: SparkSession, ds: "ray.data.Dataset", schema: pa.Schema
         return spark.createDataFrame([], struct)
     refs = [data for data, _ in pairs]
     ray.get([rows for _, rows in pairs])        # a conversion's error is raised here
-    df = _convert_by_rdd(spark, refs, get_locations(refs), struct)
+    df = _convert_by_rdd(spark, refs, _owner_addresses(refs), struct)
     with _lock:
         _held[id(df)] = (df, refs)
     return df
+
+
+def _owner_addresses(refs: list) -> list:
+    """Each object's owner address, what RayDP's ``get_locations`` gives (the executors'
+    preferred locations), without its ``ray.worker.global_worker``: Ray logs a
+    DeprecationWarning on the driver's terminal the first time that name is used."""
+    core_worker = ray._private.worker.global_worker.core_worker
+    return [core_worker.get_owner_address(ref) for ref in refs]
 
 
 def release_df(df: DataFrame) -> bool:

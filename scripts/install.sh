@@ -20,11 +20,22 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# pip warns, once per package, about every file:// index of the machine's pip config that
+# lacks that package ("WARNING: Location 'file:///.../six/' is ignored: it is neither a
+# file nor a directory."). Those lines say nothing about this install and are left out;
+# every other warning and error of pip's reaches the terminal.
+quiet_pip() {
+  local status=0
+  "$@" 2> >(grep -v -E "^WARNING: Location 'file://[^']*' is ignored: it is neither a file nor a directory\.$" >&2) || status=$?
+  wait $! 2>/dev/null || true     # the filter's last lines are out before what comes next
+  return $status
+}
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv"
   "$PY" -m venv .venv
-  .venv/bin/pip install -q --upgrade pip
+  quiet_pip .venv/bin/pip install -q --upgrade pip
 fi
 echo "== pip install -e .[test,bench]"
-.venv/bin/pip install -q -e ".[test,bench]"
+quiet_pip .venv/bin/pip install -q -e ".[test,bench]"

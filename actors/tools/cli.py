@@ -27,6 +27,10 @@ PRODUCE_CHUNK_RECORDS = 10_000
 CONSUME_FETCH_BYTES = 1 << 20
 
 
+VERBOSE_HELP = ("also show what Ray and Spark log of their own (the same as "
+                "RAYKAFKA_VERBOSE=1)")
+
+
 class UsageError(Exception):
     """A mistake in the arguments found after parsing (exit 2, one line)."""
 
@@ -53,8 +57,6 @@ def connect(namespace: str):
     lines on the terminal). RAY_ADDRESS, when set, is used if there is no state file (a
     cluster started inside an existing Ray cluster).
     """
-    import logging
-
     from .. import raycompat
     from . import daemon
     from ..cluster import Cluster
@@ -64,8 +66,7 @@ def connect(namespace: str):
         state = daemon.live_state(namespace)
         if state is not None or not address:
             address = daemon.require_ready(namespace)["ray_address"]
-        raycompat.attach(address, namespace, auth_mode=(state or {}).get("ray_auth_mode"),
-                         logging_level=logging.WARNING)
+        raycompat.attach(address, namespace, auth_mode=(state or {}).get("ray_auth_mode"))
     # stdout is this command's output (records, tables, JSON): Ray's own messages go to
     # stderr (docs/ray-notes.md)
     raycompat.ray_messages_to_stderr()
@@ -74,11 +75,9 @@ def connect(namespace: str):
 
 def _start_embedded(brokers: int = 3):
     """An in-process cluster (``--embedded``), quiet, with its own temporary data dir."""
-    import logging
-
     from .. import raycompat
     from ..cluster import Cluster
-    raycompat.init_local("raykafka-embedded", logging_level=logging.WARNING)
+    raycompat.init_local("raykafka-embedded")
     raycompat.ray_messages_to_stderr()
     ns = f"embedded-{os.getpid()}"
     return Cluster.start(num_brokers=brokers, namespace=ns)
@@ -128,13 +127,11 @@ def _wait_for_workers(args, progress) -> None:
     ``--ray-address`` has N alive worker nodes. A ``ray up`` cluster's workers join after its
     head, and the brokers are placed on the worker nodes there are when the cluster starts
     (actors/server/nodes.py): started too early they would all go to the first ones."""
-    import logging
-
     from .. import raycompat
     from ..errors import KafkaTimeoutError
     from ..server.nodes import HEAD_RESOURCE
     ray = raycompat.ray
-    raycompat.attach(args.ray_address, args.namespace, logging_level=logging.WARNING)
+    raycompat.attach(args.ray_address, args.namespace)
     try:
         started = time.monotonic()
         while True:
@@ -661,6 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--namespace", default=DEFAULT_NAMESPACE, type=_namespace,
                         help=f"which cluster (default {DEFAULT_NAMESPACE!r})")
+    common.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
     p = _Parser(prog="raykafka", description="A Kafka-design commit log on Ray.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -787,6 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bytes per record (default 100)")
     ps.add_argument("--data-dir", default=None,
                     help="where the cluster keeps its data (default: a temporary dir)")
+    ps.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
     demo = cmd(sub, "demo", cmd_demo, "run the main demo job: Ray producer tasks -> topic -> "
                "consumer-group actors -> topic -> Spark aggregation", parents=())
@@ -802,6 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--partitions", type=_positive_int, default=6)
     demo.add_argument("--brokers", type=_positive_int, default=3)
     demo.add_argument("--data-dir", default=None, help="where to keep the demo's data")
+    demo.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return p
 
 
@@ -876,6 +876,10 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbose", False):
+        # read where Ray and Spark are started, here and in the processes started from here
+        from .._rayenv import VERBOSE_ENV
+        os.environ[VERBOSE_ENV] = "1"
     try:
         return args.func(args)
     except UsageError as exc:

@@ -46,8 +46,6 @@ def _records(start: int, n: int):
 
 def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
         data_dir: str | None = None, quiet: bool = False) -> dict:
-    import logging
-
     from tqdm import tqdm
 
     from .. import raycompat
@@ -63,7 +61,7 @@ def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
     say(f"raykafka demo: {brokers} brokers, topic {TOPIC!r} with {partitions} partitions, "
         f"{records:,} keyed records of {VALUE_BYTES} B")
     t = time.perf_counter()
-    raycompat.init_local("raykafka-demo", logging_level=logging.WARNING)
+    raycompat.init_local("raykafka-demo")
     cluster = Cluster.start(num_brokers=brokers, data_dir=root, namespace="raykafka-demo")
     phases["start_s"] = time.perf_counter() - t
     say(f"[1/4] cluster up in {phases['start_s']:.1f}s: brokers {cluster.broker_ids()}, "

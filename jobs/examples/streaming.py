@@ -150,6 +150,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     from actors import Cluster
     from actors.errors import TopicAlreadyExistsError
+    from jobs.quiet import quiet_ray_data
     from jobs.spark import active_session, spark_session, stop_spark
     from jobs.streaming import MicroBatchStream, ParquetSink
 
@@ -160,6 +161,7 @@ def main(argv=None) -> dict:
                                 namespace=f"streaming-{os.getpid()}")
     else:
         cluster = Cluster.connect(args.namespace or DEFAULT_NAMESPACE)
+    quiet_ray_data()                    # Ray Data's own logs only with RAYKAFKA_VERBOSE=1
     base = os.path.join(tempfile.gettempdir(), "raykafka-streaming", cluster.namespace,
                         args.topic)
     checkpoint = args.checkpoint or os.path.join(base, "checkpoint")

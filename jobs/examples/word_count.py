@@ -127,6 +127,7 @@ def main(argv=None) -> dict:
     """Run the job (see the module docstring); returns the summary it prints."""
     args = parse_args(argv)
     from actors import Cluster
+    from jobs.quiet import quiet_ray_data
     from jobs.spark import active_session, spark_session, stop_spark
 
     started = time.monotonic()
@@ -136,6 +137,7 @@ def main(argv=None) -> dict:
                                 namespace=f"word-count-{os.getpid()}")
     else:
         cluster = Cluster.connect(args.namespace or DEFAULT_NAMESPACE)
+    quiet_ray_data()                    # Ray Data's own logs only with RAYKAFKA_VERBOSE=1
     spark = None
     own_spark = False
     try:
