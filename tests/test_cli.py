@@ -295,12 +295,17 @@ def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
 def test_demo_runs_the_mixed_pipeline_and_counts_every_order_once(tmp_path):
     """`raykafka demo` (the main job) runs Ray producer tasks -> topic -> consumer-group
     actors -> topic -> Spark, and its aggregate matches what was produced: exit 0, every
-    order counted once, a JSON summary with ok true as its last line."""
+    order counted once, a JSON summary with ok true as its last line; and it prints none of
+    Ray's, Ray Data's or Spark's own log lines (tests/output_helpers.py), nothing on
+    stderr."""
+    from output_helpers import internal_lines
     out = run_cli(str(tmp_path / "state"), "demo", "--records", "3000", "--partitions", "3",
                   timeout=600)
-    text = out.stdout.decode()
-    assert out.returncode == 0, (text[-3000:], out.stderr.decode()[-3000:])
+    text, err = out.stdout.decode(), out.stderr.decode()
+    assert out.returncode == 0, (text[-3000:], err[-3000:])
     assert "every order counted once: yes" in text
+    assert internal_lines(text + "\n" + err) == {}
+    assert not err.strip(), err[-3000:]
     summary = json.loads(text.strip().splitlines()[-1])
     assert summary["ok"] and summary["records"] == 3000
     assert sum(t["orders"] for t in summary["tiers"].values()) == 3000

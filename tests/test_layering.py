@@ -212,3 +212,30 @@ def test_client_and_server_never_import_the_composition_root():
                  if module.startswith(("actors.client", "actors.server"))
                  and "actors.cluster" in imported)
     assert bad == []
+
+
+def _imported_by_name(path):
+    """Modules ``path`` loads through ``importlib.import_module("x")`` / ``__import__("x")``
+    with a literal name (an import that no import statement shows)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and node.args and \
+                isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in ("import_module", "__import__"):
+                yield node.args[0].value
+
+
+def test_actors_never_import_jobs():
+    """actors/ (the CLI and the demos included) never imports jobs/, the layer above it: no
+    import statement anywhere in actors/ (relative ones resolved, those inside functions
+    too) nor an import_module/__import__ by name reaches jobs. The CLI runs the main demo,
+    a job, as a child process: ``python -m jobs.examples.etl``."""
+    def is_jobs(module):
+        return module == "jobs" or module.startswith("jobs.")
+    bad = []
+    for path in sorted((ROOT / "actors").rglob("*.py")):
+        names = [n for package, node in _import_nodes(path) for n in _resolve(package, node)]
+        names += list(_imported_by_name(path))
+        bad += [(str(path.relative_to(ROOT)), n) for n in names if is_jobs(n)]
+    assert bad == []

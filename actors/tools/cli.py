@@ -644,13 +644,40 @@ def cmd_demo(args) -> int:
         summary = run(records=args.records or 200_000, partitions=args.partitions,
                       brokers=args.brokers, data_dir=args.data_dir)
         return 0 if summary["ok"] else EXIT_ERROR
-    # The main demo is a job (Ray tasks, consumer-group actors and Spark together), so it
-    # lives with the jobs, which use only the public API; the CLI only launches it.
-    from jobs.examples.etl import run as run_pipeline
-    output = os.path.join(args.data_dir, "etl-tiers.parquet") if args.data_dir else None
-    summary = run_pipeline(records=args.records or 100_000, partitions=args.partitions,
-                           brokers=args.brokers, data_dir=args.data_dir, output=output)
-    return 0 if summary["ok"] else EXIT_ERROR
+    return _run_job("jobs.examples.etl", *_demo_job_args(args))
+
+
+#: The main demo is a job (Ray tasks, consumer-group actors and Spark together), so it lives
+#: with the jobs (jobs/examples/etl.py), which use the public API of actors/; actors/ never
+#: imports jobs/ (tests/test_layering.py). The CLI runs it as ``python -m`` in a child
+#: process that inherits the terminal; its exit status is the command's.
+JOB_STOP_TIMEOUT_S = 60.0
+
+
+def _demo_job_args(args) -> list[str]:
+    argv = ["--records", str(args.records or 100_000), "--partitions", str(args.partitions),
+            "--brokers", str(args.brokers)]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir,
+                 "--output", os.path.join(args.data_dir, "etl-tiers.parquet")]
+    return argv
+
+
+def _run_job(module: str, *argv: str) -> int:
+    """``python -m module argv...`` with this interpreter; its exit status (128 + N when a
+    signal N ended it, as a shell says). On Ctrl-C (which the child gets too, being in this
+    terminal's process group) wait for it to shut its cluster down."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv])
+    try:
+        code = proc.wait()
+        return code if code >= 0 else 128 - code
+    except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=JOB_STOP_TIMEOUT_S)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        raise
 
 
 # -- the parser ------------------------------------------------------------------------------

@@ -15,6 +15,12 @@ Parquet, with progress bars and a summary table.
    temporary directory; the executors write it, so on several machines it must be a
    filesystem they share).
 
+Spark's session starts on a thread as soon as the cluster is up and runs step 3's code
+paths once on one order (``warm_up``) while steps 1-2 run; each step's line says how long it
+took, its start-up (worker processes, the group's join, waiting for Spark) apart from its
+work. What prints: raykafka's lines, progress bars and the table; Ray's, Ray Data's and
+Spark's own logs only with ``--verbose`` (jobs/quiet.py).
+
 The driver knows what it produced, so it reads the Parquet back, checks it against the
 expected aggregate (every order counted once, per tier) and prints a table. Run it directly (an embedded
 cluster, shut down at the end) or against a running cluster as a Ray job:
@@ -31,6 +37,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 if __package__ in (None, ""):
@@ -42,6 +49,16 @@ ORDERS = "pipeline-orders"
 ENRICHED = "pipeline-enriched"
 GROUP = "pipeline-enrich"
 USERS = 500
+#: The embedded cluster's settings (``Cluster.start``'s config) for this one-machine run:
+#: the offsets topic of its one group as 1 partition on 1 broker (the default, 6 partitions
+#: x 3 replicas, is 18 replica actors, each a Ray worker process to start while the group
+#: waits: 6-11 s of the group's join on 2 cores), and no initial rebalance delay, as Kafka's
+#: own config/server.properties sets for development (its 3 s default waits for members
+#: that here all start at once).
+EMBEDDED_CONFIG = {"offsets.topic.num.partitions": "1",
+                   "offsets.topic.replication.factor": "1",
+                   "group.initial.rebalance.delay.ms": "0"}
+SPARK_START_TIMEOUT_S = 300.0
 #: Price tiers by amount in cents: [low, high) -> name.
 TIERS = ((0, 1_000, "small"), (1_000, 10_000, "medium"), (10_000, 10**12, "large"))
 
@@ -71,11 +88,13 @@ def expected(records: int) -> dict[str, tuple[int, int]]:
     return {t: (n, a) for t, (n, a) in out.items()}
 
 
-def produce_share(namespace: str, start: int, stop: int) -> int:
-    """A Ray task's body: produce orders start .. stop-1; returns how many were acked."""
+def produce_share(namespace: str, start: int, stop: int) -> tuple[int, float]:
+    """A Ray task's body: produce orders start .. stop-1; returns how many were acked and
+    when (``time.time()``) its producer was ready to send (the task's start-up behind it)."""
     from actors import Cluster
     cluster = Cluster.connect(namespace)
     with cluster.producer(acks="all", linger_ms=5) as producer:
+        ready_at = time.time()
         for lo in range(start, stop, 5_000):
             hi = min(lo + 5_000, stop)
             keys, values = [], []
@@ -84,7 +103,7 @@ def produce_share(namespace: str, start: int, stop: int) -> int:
                 keys.append(key)
                 values.append(json.dumps(body).encode())
             producer.send_batch(ORDERS, values, keys=keys).wait(timeout=120)
-    return stop - start
+    return stop - start, ready_at
 
 
 class Enricher:
@@ -113,28 +132,66 @@ class Enricher:
         self._producer.send_batch(ENRICHED, values, keys=keys).wait(timeout=120)
 
 
-def aggregate(spark, cluster, output: str) -> dict[str, tuple[int, int]]:
+def aggregate(spark, cluster, output: str, phases: dict | None = None
+              ) -> dict[str, tuple[int, int]]:
     """Spark: the enriched topic, repeats dropped by order id, summed per tier, written to
-    Parquet at ``output`` (replacing what is there); returns what the Parquet holds."""
+    Parquet at ``output`` (replacing what is there); returns what the Parquet holds.
+    ``phases`` gets ``read_s`` (the topic into Spark: ``read_topic_df``) and ``spark_job_s``
+    (Spark's job and the Parquet read back)."""
     import pyarrow.parquet as pq
 
+    from jobs.spark import read_topic_df, release_df
+    phases = {} if phases is None else phases
+    t = time.perf_counter()
+    topic = read_topic_df(spark, cluster, ENRICHED)
+    phases["read_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    try:
+        tier_totals(topic).coalesce(1).write.mode("overwrite").parquet(output)
+    finally:
+        release_df(topic)
+    rows = pq.read_table(output).to_pylist()
+    phases["spark_job_s"] = time.perf_counter() - t
+    return {row["tier"]: (int(row["orders"]), int(row["amount"])) for row in rows}
+
+
+def tier_totals(topic):
+    """The aggregation of a DataFrame of enriched orders (``read_topic_df``'s columns):
+    repeats dropped by order id, then orders and amount per tier."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
-
-    from jobs.spark import read_topic_df
     schema = T.StructType([T.StructField("id", T.LongType()),
                            T.StructField("amount_cents", T.LongType()),
                            T.StructField("tier", T.StringType())])
-    orders = (read_topic_df(spark, cluster, ENRICHED)
-              .select(F.from_json(F.col("value").cast("string"), schema).alias("o"))
+    orders = (topic.select(F.from_json(F.col("value").cast("string"), schema).alias("o"))
               .select("o.*")
               .dropDuplicates(["id"]))
-    (orders.groupBy("tier")
-     .agg(F.count("*").alias("orders"), F.sum("amount_cents").alias("amount"))
-     .coalesce(1)
-     .write.mode("overwrite").parquet(output))
-    rows = pq.read_table(output).to_pylist()
-    return {row["tier"]: (int(row["orders"]), int(row["amount"])) for row in rows}
+    return orders.groupBy("tier").agg(F.count("*").alias("orders"),
+                                      F.sum("amount_cents").alias("amount"))
+
+
+def warm_up(spark) -> None:
+    """Step 4's code paths once, on one order: Ray Data's executor (its helper actors, a
+    task worker that imports pyarrow and Ray Data), the Arrow IPC tasks, and the Spark
+    executor's first job (class loading, code generation). Start-up work: the demo does it
+    on the thread that starts Spark, while steps 2-3 run."""
+    import datetime
+
+    import pyarrow as pa
+    import ray.data
+
+    from jobs.spark import ARROW_SCHEMA, dataset_to_df, release_df
+    key, body = order(0)
+    row = {"key": key, "value": json.dumps({**body, "tier": tier(body["amount_cents"])}).encode(),
+           "topic": ENRICHED, "partition": 0, "offset": 0,
+           "timestamp": datetime.datetime.now(datetime.timezone.utc), "timestampType": 0,
+           "headers": []}
+    ds = ray.data.from_arrow(pa.Table.from_pylist([row], schema=ARROW_SCHEMA))
+    df = dataset_to_df(spark, ds.map_batches(lambda b: b, batch_format="pyarrow"), ARROW_SCHEMA)
+    try:
+        tier_totals(df).write.format("noop").mode("overwrite").save()
+    finally:
+        release_df(df)
 
 
 def _fresh_topics(cluster, partitions: int, say) -> None:
@@ -162,99 +219,64 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
         namespace: str | None = None, brokers: int = 3, data_dir: str | None = None,
         output: str | None = None, quiet: bool = False) -> dict:
     """The pipeline; returns the summary (see the module docstring). ``namespace`` None
-    starts an embedded cluster (in ``data_dir``, default a temporary dir) and shuts it
-    down at the end; a namespace attaches to that running cluster. ``output`` is the
-    Parquet directory of the aggregate (default a new temporary directory)."""
+    starts an embedded cluster (in ``data_dir``, default a temporary dir, with
+    ``EMBEDDED_CONFIG``) and shuts it down at the end; a namespace attaches to that running
+    cluster. ``output`` is the Parquet directory of the aggregate (default a new temporary
+    directory). Spark's session starts on a thread as soon as the cluster is up."""
     import tempfile
 
-    import ray
-    from tqdm import tqdm
-
     from actors import Cluster
-    from jobs.spark import active_session, spark_session, stop_spark
+    from jobs.quiet import quiet_ray_data
+    from jobs.spark import active_session, stop_spark
 
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     output = os.path.abspath(output or os.path.join(
         tempfile.mkdtemp(prefix="raykafka-etl-"), "tiers.parquet"))
     phases: dict[str, float] = {}
-    t = time.perf_counter()
+    started = time.perf_counter()
     embedded = namespace is None
-    cluster = (Cluster.start(num_brokers=brokers, data_dir=data_dir, namespace="raykafka-demo")
+    cluster = (Cluster.start(num_brokers=brokers, data_dir=data_dir, namespace="raykafka-demo",
+                             config=EMBEDDED_CONFIG)
                if embedded else Cluster.connect(namespace))
-    phases["start_s"] = time.perf_counter() - t
+    quiet_ray_data()
+    phases["start_s"] = time.perf_counter() - started
+    spark, spark_start = active_session(), None
+    if spark is None:
+        spark_start = _SparkStart()
     say(f"[1/4] cluster {cluster.namespace!r} ready in {phases['start_s']:.1f}s "
-        f"(brokers {cluster.broker_ids()})")
-    spark, own_spark, group = None, False, None
+        f"(brokers {cluster.broker_ids()}; start-up: Ray, ZooKeeper, the brokers' actors)"
+        + ("; Spark's session starts meanwhile" if spark_start else ""))
     try:
         _fresh_topics(cluster, partitions, say)
+        tasks = _produce(cluster, records, tasks, phases, say, quiet)
+        _enrich(cluster, records, members, phases, say, quiet)
 
         t = time.perf_counter()
-        share = -(-records // tasks)
-        task = ray.remote(num_cpus=0)(produce_share)
-        refs = [task.remote(cluster.namespace, lo, min(lo + share, records))
-                for lo in range(0, records, share)]
-        bar = tqdm(total=records, desc="produce (Ray tasks)", unit="rec", unit_scale=True,
-                   disable=quiet, file=sys.stdout, leave=False)
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, timeout=600)
-            if not done:
-                from actors.errors import KafkaTimeoutError
-                raise KafkaTimeoutError("producer tasks made no progress in 600 s")
-            bar.update(sum(ray.get(done)))
-        bar.close()
-        phases["produce_s"] = time.perf_counter() - t
-        say(f"[2/4] {len(refs)} Ray tasks produced {records:,} orders to {ORDERS!r} in "
-            f"{phases['produce_s']:.1f}s ({records / phases['produce_s']:,.0f} records/s)")
-
-        t = time.perf_counter()
-        group = cluster.consumer_group(GROUP, [ORDERS], members, Enricher(cluster.namespace),
-                                       auto_offset_reset="earliest", max_poll_records=2_000)
-        bar = tqdm(total=records, desc="enrich (group actors)", unit="rec", unit_scale=True,
-                   disable=quiet, file=sys.stdout, leave=False)
-        processed = 0
-        deadline = time.monotonic() + 600
-        while processed < records:
-            stats = group.stats()
-            failed = [m for m in stats["members"].values() if m["state"] == "failed"]
-            if failed:
-                raise RuntimeError(f"an enriching member failed: {failed[0]['error']}")
-            bar.update(min(stats["processed"], records) - processed)
-            processed = min(stats["processed"], records)
-            if time.monotonic() > deadline:
-                from actors.errors import KafkaTimeoutError
-                raise KafkaTimeoutError(f"enrichment stalled at {processed:,} of {records:,}")
-            time.sleep(0.2)
-        bar.close()
-        final = group.stop()
-        group = None
-        phases["enrich_s"] = time.perf_counter() - t
-        say(f"[3/4] {members} member actors of group {GROUP!r} enriched "
-            f"{final['processed']:,} records into {ENRICHED!r} in {phases['enrich_s']:.1f}s")
-
-        t = time.perf_counter()
-        spark = active_session()
         if spark is None:
-            spark = spark_session(app_name="raykafka-pipeline")
-            own_spark = True
-        phases["spark_start_s"] = time.perf_counter() - t
+            spark = spark_start.result()
+        phases["spark_wait_s"] = time.perf_counter() - t
+        phases["spark_start_s"] = spark_start.seconds if spark_start else 0.0
         t = time.perf_counter()
-        got = aggregate(spark, cluster, output)
+        got = aggregate(spark, cluster, output, phases)
         phases["aggregate_s"] = time.perf_counter() - t
         say(f"[4/4] Spark aggregated {ENRICHED!r} into {output} in "
-            f"{phases['aggregate_s']:.1f}s (session start {phases['spark_start_s']:.1f}s)")
+            f"{phases['aggregate_s']:.1f}s: the topic into Spark {phases['read_s']:.1f}s, "
+            f"Spark's job {phases['spark_job_s']:.1f}s"
+            + (f"; its session had started and warmed up in {phases['spark_start_s']:.1f}s "
+               f"meanwhile, {phases['spark_wait_s']:.1f}s of it waited for here"
+               if spark_start else ""))
     finally:
-        if group is not None:
-            group.stop()
-        if own_spark:
+        if spark_start is not None:
+            spark_start.join()
             stop_spark()
         if embedded:
             cluster.shutdown()
+    phases["total_s"] = time.perf_counter() - started
 
     want = expected(records)
     problems = [f"tier {name}: got {got.get(name)}, expected {want.get(name)}"
                 for name in sorted(set(want) | set(got)) if got.get(name) != want.get(name)]
-    summary = {"ok": not problems, "records": records, "tasks": len(refs),
+    summary = {"ok": not problems, "records": records, "tasks": tasks,
                "members": members, "partitions": partitions, "parquet": output,
                "tiers": {name: {"orders": n, "amount_cents": a}
                          for name, (n, a) in sorted(got.items())},
@@ -267,8 +289,126 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
             mark = "ok" if got.get(name) == want.get(name) else f"expected {want.get(name)}"
             print(f"  {name:<8} {n:>10,} {a / 100:>16,.2f}   {mark}")
         print(f"  every order counted once: {'yes' if not problems else 'NO'}")
+        print(f"  {phases['total_s']:.1f}s in all, shutdown included")
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def _produce(cluster, records: int, tasks: int, phases: dict, say, quiet: bool) -> int:
+    """Step 2: up to ``tasks`` Ray tasks produce the orders; returns how many ran."""
+    import ray
+    from tqdm import tqdm
+
+    t = time.perf_counter()
+    submitted_at = time.time()
+    share = -(-records // tasks)
+    task = ray.remote(num_cpus=0)(produce_share)
+    refs = [task.remote(cluster.namespace, lo, min(lo + share, records))
+            for lo in range(0, records, share)]
+    bar = tqdm(total=records, desc="produce (Ray tasks)", unit="rec", unit_scale=True,
+               disable=quiet, file=sys.stdout, leave=False)
+    pending, ready = list(refs), []
+    while pending:
+        done, pending = ray.wait(pending, timeout=600)
+        if not done:
+            from actors.errors import KafkaTimeoutError
+            raise KafkaTimeoutError("producer tasks made no progress in 600 s")
+        for n, ready_at in ray.get(done):
+            bar.update(n)
+            ready.append(ready_at)
+    bar.close()
+    phases["produce_s"] = time.perf_counter() - t
+    phases["produce_startup_s"] = max(0.0, min(ready) - submitted_at)
+    say(f"[2/4] {len(refs)} Ray tasks produced {records:,} orders to {ORDERS!r} in "
+        f"{phases['produce_s']:.1f}s: {phases['produce_startup_s']:.1f}s until the first "
+        f"task could send (a worker process, attaching to the cluster), then "
+        f"{phases['produce_s'] - phases['produce_startup_s']:.1f}s of producing")
+    return len(refs)
+
+
+def _enrich(cluster, records: int, members: int, phases: dict, say, quiet: bool) -> None:
+    """Step 3: the consumer group's member actors enrich every order; done when the group
+    has committed every partition's end (what it processed: repeats of at-least-once
+    delivery after a rebalance count once)."""
+    from tqdm import tqdm
+
+    from actors.errors import KafkaTimeoutError
+    t = time.perf_counter()
+    started_at = time.time()
+    group = cluster.consumer_group(GROUP, [ORDERS], members, Enricher(cluster.namespace),
+                                   auto_offset_reset="earliest", max_poll_records=2_000)
+    try:
+        bar = tqdm(total=records, desc="enrich (group actors)", unit="rec",
+                   unit_scale=True, disable=quiet, file=sys.stdout, leave=False)
+        done, first_at = 0, None
+        deadline = time.monotonic() + 600
+        while done < records:
+            time.sleep(0.1)
+            stats = group.stats()
+            failed = [m for m in stats["members"].values() if m["state"] == "failed"]
+            if failed:
+                raise RuntimeError(f"an enriching member failed: {failed[0]['error']}")
+            committed: dict = {}
+            for m in stats["members"].values():
+                for tp, offset in (m.get("committed") or {}).items():
+                    committed[tp] = max(committed.get(tp, 0), offset)
+                if m.get("first_poll_at"):
+                    first_at = min(first_at or m["first_poll_at"], m["first_poll_at"])
+            bar.update(min(sum(committed.values()), records) - done)
+            done = min(sum(committed.values()), records)
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"enrichment stalled at {done:,} of {records:,}")
+        bar.close()
+        final = group.stop()
+    except BaseException:
+        group.stop()
+        raise
+    phases["enrich_s"] = time.perf_counter() - t
+    phases["enrich_startup_s"] = max(0.0, (first_at or time.time()) - started_at)
+    say(f"[3/4] {members} member actors of group {GROUP!r} enriched {records:,} orders into "
+        f"{ENRICHED!r} in {phases['enrich_s']:.1f}s: {phases['enrich_startup_s']:.1f}s for "
+        f"the members to start and join the group, then "
+        f"{phases['enrich_s'] - phases['enrich_startup_s']:.1f}s of enriching "
+        f"({final['processed']:,} processed: repeats after a rebalance are dropped in "
+        f"step 4)")
+
+
+class _SparkStart:
+    """``jobs.spark.spark_session`` and ``warm_up`` on a thread: its JVMs (the driver here,
+    RayDP's app master and executor as Ray actors) take 20-30 s to start on 2 cores, and
+    the first use of each part of step 4 several seconds more; done while steps 2-3 run."""
+
+    def __init__(self):
+        self.session = None
+        self.error: BaseException | None = None
+        self.seconds: float | None = None
+        self._thread = threading.Thread(target=self._start, name="spark-session-start",
+                                        daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        from jobs.spark import spark_session
+        t = time.perf_counter()
+        try:
+            session = spark_session(app_name="raykafka-pipeline")
+            warm_up(session)
+            self.session = session
+        except BaseException as exc:  # noqa: BLE001 - raised by result() in the caller
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - t
+
+    def join(self, timeout_s: float = SPARK_START_TIMEOUT_S) -> None:
+        self._thread.join(timeout_s)
+
+    def result(self, timeout_s: float = SPARK_START_TIMEOUT_S):
+        self.join(timeout_s)
+        if self._thread.is_alive():
+            from actors.errors import KafkaTimeoutError
+            raise KafkaTimeoutError(f"Spark's session did not start within {timeout_s:.0f}s")
+        if self.error is not None:
+            raise self.error
+        return self.session
 
 
 def main(argv=None) -> dict:
@@ -277,20 +417,41 @@ def main(argv=None) -> dict:
     p.add_argument("--tasks", type=int, default=4, help="Ray producer tasks")
     p.add_argument("--members", type=int, default=3, help="consumer-group member actors")
     p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--brokers", type=int, default=3, help="brokers of the embedded cluster")
+    p.add_argument("--data-dir", default=None,
+                   help="the embedded cluster's data (default: a temporary directory)")
     p.add_argument("--output", default=None,
                    help="the Parquet directory of the aggregate (default: a new temporary "
                         "directory)")
     p.add_argument("--namespace", default=None,
                    help="attach to this raykafka cluster (default: "
                         f"{DEFAULT_NAMESPACE!r} under `ray job submit`, else an embedded one)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show what Ray and Spark log of their own (RAYKAFKA_VERBOSE=1)")
     args = p.parse_args(argv)
-    for name in ("records", "tasks", "members", "partitions"):
+    for name in ("records", "tasks", "members", "partitions", "brokers"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.verbose:
+        from jobs.quiet import VERBOSE_ENV
+        os.environ[VERBOSE_ENV] = "1"
     namespace = args.namespace or (DEFAULT_NAMESPACE if os.environ.get("RAY_ADDRESS")
                                    else None)
-    summary = run(records=args.records, tasks=args.tasks, members=args.members,
-                  partitions=args.partitions, namespace=namespace, output=args.output)
+    try:
+        summary = run(records=args.records, tasks=args.tasks, members=args.members,
+                      partitions=args.partitions, namespace=namespace, brokers=args.brokers,
+                      data_dir=args.data_dir, output=args.output)
+    except KeyboardInterrupt:
+        print("etl: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - one line, as raykafka's CLI (which runs this)
+        from jobs.quiet import verbose
+        if verbose() or os.environ.get("RAYKAFKA_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"etl: {type(exc).__name__}: {first} (RAYKAFKA_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        sys.exit(1)
     if not summary["ok"]:
         sys.exit(1)
     return summary
