@@ -11,6 +11,10 @@ call.
   Logs) in another: ApiVersions v3, Produce v9 acks=1 of one 100-byte record, Fetch v12 of
   the last record; and ``raw_echo``, a 4-byte-framed echo between two processes in plain
   Python (the floor under any Python server).
+- ``e2e_<rate>_p50_ms`` / ``p99``: end to end through a LocalBroker in another process:
+  a confluent-kafka producer (acks=all, linger 0) paced at ``rate`` records/s of 100 bytes,
+  a confluent-kafka consumer long-polling the partition (fetch.wait.max.ms 500) stamps
+  each record's arrival: RF=1, no Ray, no replica hop (the floor of the socket path).
 - ``ray_call_p50_ms``: an empty method call on a Ray actor (a private local Ray), as
   benchmarks/replication_bench.py measures it.
 
@@ -204,6 +208,54 @@ def socket_rtt(calls: int) -> dict:
     return out
 
 
+# -- end to end through librdkafka ---------------------------------------------------------
+def e2e(rates: list[int], seconds: float) -> dict:
+    import threading
+
+    import confluent_kafka as ck
+    out = {}
+    proc, port = _spawn(_BROKER)
+    try:
+        bootstrap = f"127.0.0.1:{port}"
+        for rate in rates:
+            producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
+                                    "acks": "all"})
+            consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                                    "enable.auto.commit": False, "fetch.wait.max.ms": 500,
+                                    "fetch.min.bytes": 1})
+            consumer.assign([ck.TopicPartition("events", 0, ck.OFFSET_END)])
+            latencies, stop = [], threading.Event()
+
+            def consume():
+                while not stop.is_set():
+                    for m in consumer.consume(1, 0.2):
+                        if m.error() is None:
+                            sent, = struct.unpack(">d", m.value()[:8])
+                            latencies.append(time.time() - sent)
+
+            reader = threading.Thread(target=consume)
+            reader.start()
+            time.sleep(2)               # the consumer's first fetch is parked
+            start = time.time()
+            for i in range(int(rate * seconds)):
+                while time.time() < start + i / rate:
+                    time.sleep(0.0002)
+                producer.produce("events", struct.pack(">d", time.time()) + b"x" * 92)
+                producer.poll(0)
+            producer.flush(30)
+            time.sleep(1.5)
+            stop.set()
+            reader.join(10)
+            consumer.close()
+            latencies.sort()
+            out[f"e2e_{rate}_records"] = len(latencies)
+            out[f"e2e_{rate}_p50_ms"] = round(latencies[len(latencies) // 2] * 1e3, 3)
+            out[f"e2e_{rate}_p99_ms"] = round(latencies[int(len(latencies) * 0.99)] * 1e3, 3)
+    finally:
+        _end(proc)
+    return out
+
+
 # -- a Ray actor call ---------------------------------------------------------------------
 def ray_call(calls: int) -> dict:
     import ray
@@ -235,10 +287,15 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--e2e-rates", default="100,1000",
+                        help="records/s of the end-to-end runs ('' skips them)")
+    parser.add_argument("--e2e-seconds", type=float, default=5.0)
     args = parser.parse_args(argv)
     out = {"load_avg_1m": round(os.getloadavg()[0], 2)}
     phase(out, "codec", codec, args.calls)
     phase(out, "socket_rtt", socket_rtt, args.calls)
+    if args.e2e_rates:
+        phase(out, "e2e", e2e, [int(r) for r in args.e2e_rates.split(",")], args.e2e_seconds)
     if not args.no_ray:
         phase(out, "ray_call", ray_call, args.calls)
     if out.get("socket_rtt_p50_ms") and out.get("ray_call_p50_ms"):
