@@ -349,7 +349,7 @@ def broker(tmp_path):
     b.close()
 
 
-def _batch(values, base_offset=0):
+def _batch(values):
     return bytes(build(values))
 
 
