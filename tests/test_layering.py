@@ -105,7 +105,7 @@ def test_actors_top_level_is_the_shared_core():
     in server/, client/ or tools/."""
     top = sorted(p.name for p in (ROOT / "actors").glob("*.py"))
     assert top == ["__init__.py", "_rayenv.py", "cluster.py", "errors.py", "protocol.py",
-                   "raycompat.py", "types.py"]
+                   "raycompat.py", "types.py", "wire.py"]
 
 
 # -- the whole import graph: no cycles ------------------------------------------------------
