@@ -18,6 +18,7 @@ import time
 
 from .. import raycompat
 from ..protocol import validate_topic_name
+from .metadata import answers_within, first_answer
 from ..errors import (IllegalArgumentError, IllegalStateError, InvalidReplicaAssignmentError,
                       KafkaError, KafkaTimeoutError, NoBrokersAvailable,
                       UnknownTopicOrPartitionError)
@@ -26,6 +27,12 @@ ray = raycompat.ray
 
 ADMIN_TIMEOUT_S = 60.0
 REASSIGN_TIMEOUT_S = 300.0
+# How long a describe or list waits for the figures only a live leader or coordinator has
+# (offsets, group lists), all asked at once: what does not come in time shows as unknown.
+LIVE_ANSWER_TIMEOUT_S = 1.0
+# How long describe_group waits for the group's coordinator (the group's state is nowhere
+# else): a paused coordinator makes it fail with that broker's name instead of hanging.
+COORDINATOR_ANSWER_TIMEOUT_S = 3.0
 
 
 # -- partition health (pure: from one partition's metadata) ------------------------------------
@@ -137,16 +144,42 @@ def _is_int(value) -> bool:
 
 
 class Admin:
-    def __init__(self, cluster, *, timeout_s: float = ADMIN_TIMEOUT_S):
+    """Requests go to the broker that answers a ping first (``_answering_brokers``), and
+    the live figures of describe/list calls are asked of every leader or coordinator at once
+    and awaited for at most ``live_timeout_s``: a paused or killed broker never holds an
+    admin call up while another broker answers."""
+
+    def __init__(self, cluster, *, timeout_s: float = ADMIN_TIMEOUT_S,
+                 live_timeout_s: float = LIVE_ANSWER_TIMEOUT_S):
         self.cluster = cluster
         self.timeout_s = timeout_s
+        self.live_timeout_s = live_timeout_s
+
+    def _answering_brokers(self) -> list[int]:
+        """The cluster's broker ids, the first to answer a ping sent to all at once in
+        front, the others after it in random order (the request goes to a broker that
+        answers, not to a paused one that would hold it for ``timeout_s``)."""
+        ids = self.cluster.broker_ids()
+        random.shuffle(ids)
+        refs, _ = self._ping(ids)       # one not running is asked last, in case it is back
+        first, _ = first_answer(refs, self.timeout_s)
+        return ([first] if first is not None else []) + [b for b in ids if b != first]
+
+    def _ping(self, ids) -> tuple[dict, list[int]]:
+        """A ping sent to each of brokers ``ids`` at once: ``({object ref: broker id},
+        [ids of the brokers not running])``."""
+        refs, not_running = {}, []
+        for bid in ids:
+            try:
+                refs[self.cluster.broker(bid).ping.remote()] = bid
+            except ValueError:
+                not_running.append(bid)
+        return refs, not_running
 
     def _call(self, method: str, *args):
         """Call ``method`` on a live broker; typed errors from the broker pass through."""
-        ids = self.cluster.broker_ids()
-        random.shuffle(ids)
         last: BaseException | None = None
-        for bid in ids:
+        for bid in self._answering_brokers():
             try:
                 handle = self.cluster.broker(bid)
             except ValueError as exc:
@@ -195,38 +228,75 @@ class Admin:
         return self._call("topic_config", name)
 
     def describe_topic(self, name: str) -> list[dict]:
-        validate_topic_name(name)
-        parts = self.cluster.metadata.refresh().get("topics", {}).get(name)
-        if parts is None:
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
-        out = []
-        for p in sorted(parts):
-            st = parts[p]
-            row = {"topic": name, "partition": p, "leader": st["leader"],
-                   "replicas": list(st["replicas"]), "isr": list(st["isr"]),
-                   "leader_epoch": st["leader_epoch"], "log_start_offset": None,
-                   "high_watermark": None, "log_end_offset": None, **partition_health(st)}
-            if st["leader"] >= 0:
-                try:
-                    ref = self.cluster.metadata.leader(name, p)
-                    state = ray.get(ref.handle.state.remote(), timeout=self.timeout_s)
-                    row.update(log_start_offset=state["log_start_offset"],
-                               high_watermark=state["high_watermark"],
-                               log_end_offset=state["log_end_offset"])
-                except (KafkaError, ray.exceptions.RayActorError,
-                        ray.exceptions.GetTimeoutError):
-                    pass
-            out.append(row)
-        return out
+        """One dict per partition: its metadata (``leader, replicas, isr, leader_epoch``,
+        ``partition_health``) and the leader's ``log_start_offset, high_watermark,
+        log_end_offset``, None where the leader gave nothing within ``live_timeout_s``."""
+        return self.describe_topics([name])[name]
+
+    def describe_topics(self, names=None) -> dict[str, list[dict]]:
+        """``{topic: describe_topic(topic)}`` for ``names`` (None: every topic of the
+        metadata), every leader of them all asked at once: one ``live_timeout_s`` at most,
+        however many topics have a silent leader."""
+        topics = self.cluster.metadata.refresh().get("topics", {})
+        names = sorted(topics) if names is None else list(names)
+        for name in names:
+            validate_topic_name(name)
+            if name not in topics:
+                raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        states, _ = self._leader_states({(name, p): st["leader"] for name in names
+                                         for p, st in topics[name].items()})
+        return {name: [self._partition_row(name, p, topics[name][p], states.get((name, p), {}))
+                       for p in sorted(topics[name])] for name in names}
+
+    @staticmethod
+    def _partition_row(name: str, partition: int, st: dict, live: dict) -> dict:
+        return {"topic": name, "partition": partition, "leader": st["leader"],
+                "replicas": list(st["replicas"]), "isr": list(st["isr"]),
+                "leader_epoch": st["leader_epoch"],
+                "log_start_offset": live.get("log_start_offset"),
+                "high_watermark": live.get("high_watermark"),
+                "log_end_offset": live.get("log_end_offset"), **partition_health(st)}
+
+    def _leader_states(self, leaders: dict) -> tuple[dict, list[int]]:
+        """The leader replicas' own ``state()`` for ``leaders`` ({(topic, partition): leader
+        broker id} from the metadata; -1, no leader, is skipped), every leader asked at once
+        and all awaited together for at most ``live_timeout_s``: ``({(topic, partition):
+        state}, sorted ids of the brokers whose leaders gave nothing in time)``."""
+        refs, silent = {}, set()
+        for (topic, partition), broker_id in leaders.items():
+            if broker_id < 0:
+                continue
+            try:
+                handle = self.cluster.metadata.leader(topic, partition).handle
+            except KafkaError:                  # its replica actor is gone (killed broker)
+                silent.add(broker_id)
+                continue
+            refs[handle.state.remote()] = ((topic, partition), broker_id)
+        answers, missing = answers_within(refs, self.live_timeout_s)
+        silent.update(broker_id for _, broker_id in missing)
+        return {tp: state for (tp, _), state in answers.items()}, sorted(silent)
 
     # -- leadership ------------------------------------------------------------------------------
-    def elect_preferred_leaders(self, topic: str | None = None) -> None:
+    def elect_preferred_leaders(self, topic: str | None = None) -> dict:
+        """Make each partition's preferred replica (the first listed) its leader where it is
+        in the ISR, for ``topic`` or every topic; returns when the metadata shows it done
+        (KafkaTimeoutError after ``timeout_s``). A partition whose preferred broker does not
+        answer a ping within ``live_timeout_s`` (paused, or killed before its ZooKeeper
+        session ended) is left as it is: electing it would give the partition a leader that
+        serves nothing. Returns ``{"skipped": [(topic, partition)], "unanswered_brokers":
+        [ids]}``, those left out and why."""
         topics = self.cluster.metadata.refresh().get("topics", {})
         if topic is not None and topic not in topics:
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
-        partitions = [(t, p) for t, parts in topics.items() if topic in (None, t)
-                      for p in parts]
-        self._call("elect_preferred_leaders", partitions)
+        silent = set(self._silent_brokers())
+        partitions, skipped = [], []
+        for t, parts in sorted(topics.items()):
+            for p, st in sorted(parts.items()):
+                if topic in (None, t):
+                    preferred = st["replicas"][0] if st["replicas"] else -1
+                    (skipped if preferred in silent else partitions).append((t, p))
+        if partitions:
+            self._call("elect_preferred_leaders", partitions)
         deadline = time.monotonic() + self.timeout_s
         while True:
             snap = self.cluster.metadata.refresh().get("topics", {})
@@ -235,10 +305,18 @@ class Admin:
                        and snap[t][p]["replicas"][0] in snap[t][p]["isr"]
                        and snap[t][p]["leader"] != snap[t][p]["replicas"][0]]
             if not pending:
-                return
+                return {"skipped": skipped, "unanswered_brokers": sorted(
+                    {topics[t][p]["replicas"][0] for t, p in skipped})}
             if time.monotonic() > deadline:
                 raise KafkaTimeoutError(f"preferred leaders not elected for {pending[:5]}")
             time.sleep(0.1)
+
+    def _silent_brokers(self) -> list[int]:
+        """The broker ids that do not answer a ping (sent to all at once) within
+        ``live_timeout_s``."""
+        refs, not_running = self._ping(self.cluster.broker_ids())
+        _, missing = answers_within(refs, self.live_timeout_s)
+        return sorted(not_running + missing)
 
     def reassign_partitions(self, plan: dict, *, timeout_s: float = REASSIGN_TIMEOUT_S
                             ) -> None:
@@ -287,24 +365,29 @@ class Admin:
         """Every group a coordinator knows (with members, or with committed offsets), and
         every group under ZooKeeper's /consumers (offsets_storage="zookeeper", the seed's
         registry) when ZooKeeper can be read."""
+        return self.group_listing()["groups"]
+
+    def group_listing(self) -> dict:
+        """``{"groups": list_groups()'s names, "unanswered_brokers": [ids]}``: every
+        coordinator is asked at once and awaited for at most ``live_timeout_s``; the groups
+        of those that did not answer in time (a paused broker) are missing, and their broker
+        ids listed."""
         from ..protocol import group_coordinator_actor_name
-        refs = []
+        refs = {}
         for bid in self.cluster.broker_ids():
             try:
                 handle = ray.get_actor(group_coordinator_actor_name(bid),
                                        namespace=self.cluster.namespace)
             except ValueError:
                 continue                    # this broker coordinates no group
-            refs.append(handle.list_groups.remote())
+            refs[handle.list_groups.remote()] = bid
+        answers, silent = answers_within(refs, self.live_timeout_s)
         names: set[str] = set()
-        for ref in refs:
-            try:
-                names.update(ray.get(ref, timeout=self.timeout_s))
-            except Exception:  # noqa: BLE001 - a dead coordinator's groups moved elsewhere
-                continue
+        for groups in answers.values():
+            names.update(groups)
         zk_groups, _ = self._zk_groups(None)
         names.update(zk_groups)
-        return sorted(names)
+        return {"groups": sorted(names), "unanswered_brokers": sorted(silent)}
 
     def _zk_groups(self, groups) -> tuple[dict, str | None]:
         """``({group: {(topic, partition): offset}}, None)`` from ZooKeeper's /consumers, or
@@ -329,27 +412,43 @@ class Admin:
         "zookeeper", dual_commit), None where a store has none; ``committed`` is the larger,
         what a dual_commit consumer resumes from. ``zookeeper_error`` says why ZooKeeper
         was not read (None when it was). A group known only to ZooKeeper has state "Empty"
-        and no members. GroupIdNotFoundError for a group nobody knows."""
+        and no members. GroupIdNotFoundError for a group nobody knows.
+
+        ``log_end`` (the high watermark, what a consumer can reach) comes from the
+        partitions' leaders, all asked at once for at most ``live_timeout_s``: where a
+        leader gives nothing in time ``log_end`` and ``lag`` are None and its broker is in
+        ``unanswered_brokers``. The coordinator gets COORDINATOR_ANSWER_TIMEOUT_S (the
+        group's state is nowhere else): KafkaTimeoutError naming its broker after that."""
         from ..errors import GroupIdNotFoundError
         from .group import GroupMember
         member = GroupMember(self.cluster.metadata, group)
-        desc = self._retry_group(lambda: member._call("describe_group", group))
+        wait_s = COORDINATOR_ANSWER_TIMEOUT_S
+        try:
+            desc = self._retry_group(lambda: member._call("describe_group", group,
+                                                          timeout_s=wait_s), timeout_s=wait_s)
+        except KafkaTimeoutError:
+            raise KafkaTimeoutError(f"the coordinator of group {group!r} (broker "
+                                    f"{member.coordinator_id}) did not answer within "
+                                    f"{wait_s:g}s") from None
         zk, zk_error = self._zk_groups([group])
         in_zk = zk.get(group, {})
         if desc["state"] == "Dead":
             if not in_zk:
                 raise GroupIdNotFoundError(f"no group {group!r}")
             desc = {**desc, "state": "Empty"}
-        consumer = self.cluster.simple_consumer()
+        tps = sorted(set(desc["offsets"]) | set(in_zk))
+        leaders = {}
+        for tp in tps:
+            try:
+                leaders[tp] = self.cluster.metadata.partition_state(*tp)["leader"]
+            except KafkaError:                  # a deleted topic's offsets: no log end
+                continue
+        states, silent = self._leader_states(leaders)
         offsets = {}
-        for tp in sorted(set(desc["offsets"]) | set(in_zk)):
-            topic, partition = tp
+        for tp in tps:
             kafka, zookeeper = desc["offsets"].get(tp), in_zk.get(tp)
             committed = max(o for o in (kafka, zookeeper) if o is not None)
-            try:
-                end = consumer.offsets_before(topic, partition, -1)[0]
-            except KafkaError:
-                end = None
+            end = states.get(tp, {}).get("high_watermark")
             offsets[tp] = {
                 "committed": committed, "kafka": kafka, "zookeeper": zookeeper,
                 "log_end": end, "lag": None if end is None else max(end - committed, 0)}
@@ -357,7 +456,8 @@ class Admin:
                 "protocol": desc["protocol"], "leader": desc["leader"],
                 "members": {mid: sorted(tuple(tp) for tp in (m["assignment"] or []))
                             for mid, m in desc["members"].items()},
-                "offsets": offsets, "zookeeper_error": zk_error}
+                "offsets": offsets, "zookeeper_error": zk_error,
+                "unanswered_brokers": silent}
 
     def delete_group_offsets(self, group: str, partitions=None) -> int:
         """Delete the group's committed offsets (all, or ``partitions``) from both stores:
@@ -372,10 +472,10 @@ class Admin:
         tps = None if partitions is None else [list(tp) for tp in partitions]
         return self._retry_group(lambda: member._call("delete_group_offsets", group, tps))
 
-    def _retry_group(self, fn):
+    def _retry_group(self, fn, *, timeout_s: float | None = None):
         from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableError,
                               NotCoordinatorError)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while True:
             try:
                 return fn()

@@ -46,7 +46,7 @@ from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableErr
                       RebalanceInProgressError, UnknownMemberIdError)
 from ..protocol import group_coordinator_actor_name, unwrap
 from .assignors import EAGER, Subscription, assignor
-from .metadata import broker_handle
+from .metadata import broker_handle, first_answer
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class GroupMember:
         self.assignment: list[tuple[str, int]] = []
         self.is_leader = False
         self._handle = None
+        self.coordinator_id: int | None = None      # the broker coordinator() found
         self._lock = threading.RLock()
 
     # -- the coordinator ---------------------------------------------------------------------------
@@ -105,20 +106,29 @@ class GroupMember:
             ray = _ray()
             ids = list((self.metadata.snapshot().get("brokers") or {}).keys())
             ids = [int(b) for b in ids] or list(self.metadata._candidate_ids())
-            random.shuffle(ids)
-            last = None
+            refs, last = {}, None
             for bid in ids:
                 try:
-                    found = ray.get(broker_handle(self.metadata.namespace, bid)
-                                    .find_coordinator.remote(self.group_id),
-                                    timeout=CALL_TIMEOUT_S)
-                    self._handle = ray.get_actor(group_coordinator_actor_name(found["broker_id"]),
-                                                 namespace=self.metadata.namespace)
-                    return self._handle
-                except Exception as exc:  # noqa: BLE001 - another broker may know
-                    last = unwrap(exc)
-                    if isinstance(last, ValueError):        # no coordinator actor yet
-                        last = CoordinatorNotAvailableError(str(last))
+                    handle = broker_handle(self.metadata.namespace, bid)
+                except ValueError as exc:                   # not running
+                    last = exc
+                    continue
+                refs[handle.find_coordinator.remote(self.group_id)] = bid
+
+            def coordinator_actor(_bid, found):
+                return found["broker_id"], ray.get_actor(
+                    group_coordinator_actor_name(found["broker_id"]),
+                    namespace=self.metadata.namespace)
+
+            # every broker asked at once, the first good answer taken: a paused broker
+            # never holds the lookup up
+            bid, found = first_answer(refs, CALL_TIMEOUT_S, accept=coordinator_actor)
+            if bid is not None:
+                self.coordinator_id, self._handle = found
+                return self._handle
+            last = unwrap(found) if found is not None else last
+            if isinstance(last, ValueError):                # no coordinator actor yet
+                last = CoordinatorNotAvailableError(str(last))
             if isinstance(last, Exception):
                 raise last
             raise NoBrokersAvailable(f"no broker answered find_coordinator ({last!r})")

@@ -33,6 +33,45 @@ def broker_handle(namespace: str, broker_id: int):
     return ray.get_actor(broker_actor_name(broker_id), namespace=namespace)
 
 
+def answers_within(refs: dict, timeout_s: float) -> tuple[dict, list]:
+    """The answers to Ray calls ``refs`` ({object ref: key}) that arrive within one deadline
+    of ``timeout_s``, all awaited together (one ray.wait): ``({key: value}, [keys with no
+    answer])``. A call that failed (a dead actor, a typed refusal) has no answer either; a
+    paused actor costs the deadline once, however many calls it has."""
+    if not refs:
+        return {}, []
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    answers = {}
+    for ref in ready:
+        try:
+            answers[refs[ref]] = ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - no figure from this one
+            continue
+    return answers, [key for key in refs.values() if key not in answers]
+
+
+def first_answer(refs: dict, timeout_s: float, *, accept=None) -> tuple:
+    """The first good answer among Ray calls ``refs`` ({object ref: key}) sent together:
+    ``(key, value)`` as soon as one arrives, so a paused actor never holds it up and a dead
+    one's error is skipped. ``accept(key, value)`` may turn an answer down by raising.
+    ``(None, the last error)`` when none answered well within ``timeout_s``."""
+    pending, last = list(refs), None
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1,
+                                  timeout=max(deadline - time.monotonic(), 0))
+        if not ready:
+            break
+        try:
+            value = ray.get(ready[0], timeout=0)
+            if accept is not None:
+                value = accept(refs[ready[0]], value)
+            return refs[ready[0]], value
+        except Exception as exc:  # noqa: BLE001 - another may answer
+            last = exc
+    return None, last
+
+
 def _stamp(snapshot: dict) -> tuple:
     """How new a broker's metadata snapshot is: (controller epoch, request id) of the
     UpdateMetadata that brought it."""

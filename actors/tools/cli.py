@@ -298,15 +298,31 @@ def cmd_topics_describe(args) -> int:
     only = {"under_replicated"} if args.under_replicated_partitions else set()
     if args.unavailable_partitions:
         only.add("offline")
+    silent: set[int] = set()
+    described = admin.describe_topics(names)       # every leader asked at once
     for name in names:
-        rows = admin.describe_topic(name)
+        rows = described[name]
         try:
             config = admin.topic_config(name)
         except KafkaError:
             config = {}
         for line in describe_lines(name, rows, config, only=only):
             print(line)
+        silent.update(r["leader"] for r in rows
+                      if r["leader"] >= 0 and r["high_watermark"] is None)
+    if silent:
+        _unanswered_note(silent, admin.live_timeout_s, "their offsets show as ?")
     return 0
+
+
+NOTE_PARTITIONS = 10        # partitions a note names at most
+
+
+def _unanswered_note(broker_ids, timeout_s: float, what: str) -> None:
+    """The one stderr line that names the brokers whose figures are missing, and why."""
+    ids = sorted(broker_ids)
+    _err(f"note: no answer within {timeout_s:g}s from broker{'s' if len(ids) > 1 else ''} "
+         f"{', '.join(map(str, ids))} (paused, dead or overloaded): {what}")
 
 
 def describe_lines(name: str, rows: list[dict], config: dict, *, only=()) -> list[str]:
@@ -509,8 +525,15 @@ def cmd_consume(args) -> int:
 def cmd_elect_leaders(args) -> int:
     if args.topic is not None:
         _check_topic_name(args.topic)
-    connect(args.namespace).admin().elect_preferred_leaders(args.topic)
+    admin = connect(args.namespace).admin()
+    done = admin.elect_preferred_leaders(args.topic)
     print(f"Preferred leaders elected for {args.topic or 'all topics'}.")
+    skipped = [f"{t}-{p}" for t, p in done["skipped"]]
+    if skipped:
+        more = len(skipped) - NOTE_PARTITIONS
+        _unanswered_note(done["unanswered_brokers"], admin.live_timeout_s,
+                         f"left as they are: {', '.join(skipped[:NOTE_PARTITIONS])}"
+                         f"{f' and {more} more' if more > 0 else ''}")
     return 0
 
 
@@ -550,8 +573,12 @@ def read_reassignment_plan(path: str) -> dict:
 def cmd_groups(args) -> int:
     admin = connect(args.namespace).admin()
     if args.groups_command == "list":
-        for name in admin.list_groups():
+        listing = admin.group_listing()
+        for name in listing["groups"]:
             print(name)
+        if listing["unanswered_brokers"]:
+            _unanswered_note(listing["unanswered_brokers"], admin.live_timeout_s,
+                             "the groups they coordinate are not listed")
         return 0
     desc = admin.describe_group(args.group)
     owner = {tp: mid for mid, tps in desc["members"].items() for tp in tps}
@@ -562,13 +589,17 @@ def cmd_groups(args) -> int:
     for tp in sorted(set(desc["offsets"]) | set(owner)):
         o = desc["offsets"].get(tp, {})
         stores = [name for name in ("kafka", "zookeeper") if o.get(name) is not None]
-        rows.append((tp[0], str(tp[1]), _dash(o.get("committed")), _dash(o.get("log_end")),
-                     _dash(o.get("lag")), "+".join(stores) or "-", owner.get(tp, "-")))
+        rows.append((tp[0], str(tp[1]), _dash(o.get("committed")),
+                     _off(o["log_end"]) if o else "-", _off(o["lag"]) if o else "-",
+                     "+".join(stores) or "-", owner.get(tp, "-")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     if desc.get("zookeeper_error"):
         _err(f"note: offsets stored in ZooKeeper not shown: {desc['zookeeper_error']}")
+    if desc.get("unanswered_brokers"):
+        _unanswered_note(desc["unanswered_brokers"], admin.live_timeout_s,
+                         "their partitions' LOG-END-OFFSET and LAG show as ?")
     return 0
 
 
