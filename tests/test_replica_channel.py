@@ -189,3 +189,68 @@ def test_wait_gives_up_with_kafka_timeout_error():
     """``wait`` on a request nobody answers raises KafkaTimeoutError after its timeout."""
     with pytest.raises(KafkaTimeoutError):
         wait(concurrent.futures.Future(), 0.05)
+
+
+def _watched(chan):
+    """Start a watch; returns (list of (hw, leo) seen, a condition signalled per event)."""
+    seen, cond = [], threading.Condition()
+
+    def on_change(hw, leo):
+        with cond:
+            seen.append((hw, leo))
+            cond.notify_all()
+    wait(chan.watch(on_change), 5)
+    return seen, cond
+
+
+def _until(cond, predicate, timeout_s=5.0):
+    with cond:
+        assert cond.wait_for(predicate, timeout_s), "no such watch event in time"
+
+
+def test_a_watch_reports_the_high_watermark_and_log_end_as_they_move(tmp_path):
+    """A watch answers the current (HW, LEO) at once, then the new values after an append
+    (the LEO first, at a leader with a follower) and after the follower's fetch moves the HW."""
+    replica = PartitionReplica("watch", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0, 1], [0, 1])
+        chan = ReplicaChannel(replica.channel_address())
+        seen, cond = _watched(chan)
+        assert seen == [(0, 0)]
+        wait(chan.produce(build([b"a", b"b"]), acks=1), 5)
+        _until(cond, lambda: seen[-1] == (0, 2))
+        replica.replica_fetch(1, 2, 0, 1 << 20, 0)     # the follower has both records
+        _until(cond, lambda: seen[-1] == (2, 2))
+        chan.close()
+    finally:
+        replica.stop()
+
+
+def test_closing_a_watched_channel_ends_its_watch_thread(leader):
+    """The replica's thread parked for a watch ends when the broker's channel closes (it
+    is woken by the connection's end, not by a timer): no thread is left behind."""
+    def watch_threads():
+        return [t for t in threading.enumerate() if t.name == "channel-watch"]
+    chan = ReplicaChannel(leader.channel_address())
+    _watched(chan)
+    assert len(watch_threads()) == 1
+    chan.close()
+    deadline = time.monotonic() + 5
+    while watch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watch_threads() == []
+
+
+def test_a_watch_ends_with_an_error_when_the_replica_stops(tmp_path):
+    """Stopping the replica ends its watches: the channel fails, later requests too."""
+    replica = PartitionReplica("wstop", 0, 0, str(tmp_path), {})
+    replica.become_leader(0, [0], [0])
+    chan = ReplicaChannel(replica.channel_address())
+    _watched(chan)
+    replica.stop()
+    deadline = time.monotonic() + 5
+    while chan.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not chan.alive
+    with pytest.raises(NotLeaderForPartitionError):
+        wait(chan.fetch(0, 1024), 5)

@@ -762,6 +762,27 @@ class PartitionReplica:
         return self.epoch_cache.entries
 
     # -- lifecycle --------------------------------------------------------------------------
+    def wait_for_change(self, seen: tuple[int, int] | None, stop: threading.Event
+                        ) -> tuple[int, int]:
+        """(high watermark, log end offset) as soon as they differ from ``seen`` (at once
+        when ``seen`` is None), or when ``stop`` is set (then as they are). Woken by appends,
+        HW moves and role changes; ``wake`` wakes it to look at ``stop``. Raises
+        NotLeaderForPartitionError once the replica is stopped."""
+        with self._lock:
+            while True:
+                if self._stopped:
+                    raise NotLeaderForPartitionError(
+                        f"{self.topic}-{self.partition} on broker {self.broker_id} stopped")
+                now = (self._hw, self.log.log_end_offset)
+                if now != seen or stop.is_set():
+                    return now
+                self._changed.wait()
+
+    def wake(self) -> None:
+        """Wake every waiter (a ``wait_for_change`` whose stop was set)."""
+        with self._lock:
+            self._changed.notify_all()
+
     def channel_address(self) -> str:
         """The address of this replica's local channel (server/replica_channel.py), started
         on the first ask: produce and fetch over a Unix socket, without a Ray call each."""

@@ -20,17 +20,22 @@ ends run, since both ends are started from one installation):
     request   u32 size (of what follows) | u32 request id | u8 op | body
       PRODUCE   i8 acks | i32 timeout_ms | record batches (the rest)
       FETCH     i64 offset | i32 max_bytes | i32 max_wait_ms | i32 min_bytes | u8 isolation
+      WATCH     (nothing)
     response  u32 size | u32 request id | u8 status | body
       OK PRODUCE  i64 base_offset | i64 last_offset | i64 log_append_time_ms
                   | i64 log_start_offset
       OK FETCH    i64 high_watermark | i64 log_start_offset | i64 log_end_offset | batches
+      OK WATCH    i64 high_watermark | i64 log_end_offset, first at once, then again (same
+                  request id) whenever either changes, until the connection ends
       ERROR       u16 class-name size | class name (an actors.errors class) | message
 
 Ordering: a connection's produce requests are appended in the order they arrive (the
 append runs on the connection's reader thread; only an acks=all wait for the ISR moves to
 a worker thread), so a broker that forwards one client connection's requests in order keeps
 Kafka's per-partition ordering. Fetches run on worker threads (long polls park there);
-responses carry the request id and may come back in any order.
+responses carry the request id and may come back in any order. A watch parks one thread
+on the replica's change condition (woken by appends, HW moves, role changes and the end of
+its connection, never by a timer): a broker's purgatory learns there that data arrived.
 
 Bounds: a frame larger than ``max_frame_bytes`` closes the connection before anything is
 allocated for it; at most ``max_workers`` requests wait at once per replica (the rest queue).
@@ -39,6 +44,7 @@ allocated for it; at most ``max_workers`` requests wait at once per replica (the
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import socket
 import struct
@@ -50,6 +56,7 @@ from ..protocol import FetchResult, ProduceResult
 
 PRODUCE = 1
 FETCH = 2
+WATCH = 3
 OK = 0
 ERROR = 1
 ISOLATION = {"high_watermark": 0, "log_end": 1}
@@ -62,7 +69,10 @@ _PRODUCE = struct.Struct("<bi")        # acks, timeout_ms
 _FETCH = struct.Struct("<qiiiB")       # offset, max_bytes, max_wait_ms, min_bytes, isolation
 _PRODUCED = struct.Struct("<qqqq")     # base, last, log_append_time, log_start
 _FETCHED = struct.Struct("<qqq")       # hw, log_start, log_end
+_WATCHED = struct.Struct("<qq")        # hw, log_end
 _NAME = struct.Struct("<H")
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FRAME_BYTES = 128 << 20    # above message.max.bytes of any sane topic
 DEFAULT_MAX_WORKERS = 8                # as the replica actor's max_concurrency
@@ -103,7 +113,8 @@ def _raise_error(body: memoryview) -> None:
 
 class ReplicaChannelServer:
     """The replica's end: an accept thread and one reader thread per connection, serving
-    ``replica`` (a PartitionReplica: ``append_as_leader``, ``await_acks``, ``fetch``).
+    ``replica`` (a PartitionReplica: ``append_as_leader``, ``acked``, ``await_acks``,
+    ``fetch``, ``wait_for_change``, ``wake``).
     Thread-safe; ``close`` ends every connection and waits for nothing else."""
 
     def __init__(self, replica, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
@@ -153,6 +164,7 @@ class ReplicaChannelServer:
 
     def _serve(self, conn: socket.socket) -> None:
         send_lock = threading.Lock()
+        ended = threading.Event()                       # watches of this connection stop
 
         def send(parts: list) -> None:
             with send_lock:
@@ -173,10 +185,16 @@ class ReplicaChannelServer:
                 if frame is None:
                     return
                 request_id, op = struct.unpack_from("<IB", frame, 0)
+                if op == WATCH:
+                    threading.Thread(target=self._watch, args=(request_id, send, ended),
+                                     daemon=True, name="channel-watch").start()
+                    continue
                 self._handle(request_id, op, memoryview(frame)[5:], send)
         except (OSError, ConnectionError):
             return
         finally:
+            ended.set()
+            self.replica.wake()
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
@@ -219,6 +237,16 @@ class ReplicaChannelServer:
             return
         send(self._produced(request_id, result))
 
+    def _watch(self, request_id: int, send, ended: threading.Event) -> None:
+        state = None
+        while not ended.is_set():
+            try:
+                state = self.replica.wait_for_change(state, ended)
+            except Exception as exc:  # noqa: BLE001 - the replica stopped: say so, end
+                send(_error_frame(request_id, exc))
+                return
+            send([_RESP.pack(5 + _WATCHED.size, request_id, OK) + _WATCHED.pack(*state)])
+
     def _fetch(self, request_id, args, send) -> None:
         try:
             r = self.replica.fetch(*args[:4], isolation=args[4])
@@ -251,6 +279,7 @@ class ReplicaChannel:
         self._sock.settimeout(None)
         self._lock = threading.Lock()               # ids, pending map, sends
         self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
+        self._watchers: dict[int, object] = {}     # watch request id -> callback
         self._next_id = 0
         self._dead: BaseException | None = None
         threading.Thread(target=self._read_loop, daemon=True, name="channel-read").start()
@@ -269,10 +298,19 @@ class ReplicaChannel:
         head = _FETCH.pack(offset, max_bytes, max_wait_ms, min_bytes, ISOLATION[isolation])
         return self._request(FETCH, [head], None)
 
+    def watch(self, callback) -> concurrent.futures.Future:
+        """Have the replica tell this channel whenever its high watermark or log end offset
+        changes: ``callback(high_watermark, log_end_offset)`` runs on the channel's reader
+        thread (keep it quick), once at once and then after each change (changes close
+        together may come as one call). The future answers when the watch is in place;
+        the watch ends with the channel."""
+        return self._request(WATCH, [], None, watcher=callback)
+
     def close(self) -> None:
         self._fail(NotLeaderForPartitionError(f"replica channel {self.address[1:]!r} closed"))
 
-    def _request(self, op: int, parts: list, payload) -> concurrent.futures.Future:
+    def _request(self, op: int, parts: list, payload, watcher=None
+                 ) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         size = 5 + sum(len(p) for p in parts) + (len(payload) if payload is not None else 0)
         if size > self.max_frame_bytes:
@@ -285,6 +323,8 @@ class ReplicaChannel:
                 return future
             request_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             self._pending[request_id] = (op, future)
+            if watcher is not None:
+                self._watchers[request_id] = watcher
             frame = [_REQ.pack(size, request_id, op), *parts]
             if payload is not None and len(payload):
                 frame.append(payload)
@@ -295,6 +335,7 @@ class ReplicaChannel:
                     self._sock.sendall(b"".join(bytes(p) for p in frame)[sent:])
             except OSError as exc:
                 self._pending.pop(request_id, None)
+                self._watchers.pop(request_id, None)
                 future.set_exception(NotLeaderForPartitionError(
                     f"replica channel {self.address[1:]!r} failed: {exc}"))
         return future
@@ -316,10 +357,24 @@ class ReplicaChannel:
                     break
                 request_id, status = struct.unpack_from("<IB", frame, 0)
                 with self._lock:
-                    op, future = self._pending.pop(request_id, (None, None))
-                if future is not None:
+                    watcher = self._watchers.get(request_id) if status == OK else \
+                        self._watchers.pop(request_id, None)
+                    take = self._pending.get if watcher is not None and status == OK \
+                        else self._pending.pop
+                    op, future = take(request_id, (None, None))
+                if future is None:
+                    continue
+                if watcher is not None and status == OK:
+                    if not future.done():
+                        future.set_result(None)
+                    try:
+                        watcher(*_WATCHED.unpack_from(frame, 5))
+                    except Exception:  # noqa: BLE001 - the caller's bug must not end reads
+                        log.exception("replica channel %r: watch callback failed",
+                                      self.address[1:])
+                elif not future.done():
                     self._complete(op, status, memoryview(frame)[5:], future)
-        except (OSError, ConnectionError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever ends the reads fails the channel
             why = NotLeaderForPartitionError(
                 f"replica channel {self.address[1:]!r} failed: {exc}")
         self._fail(why)
@@ -342,6 +397,7 @@ class ReplicaChannel:
             if self._dead is None:
                 self._dead = exc
             pending, self._pending = self._pending, {}
+            self._watchers = {}
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
