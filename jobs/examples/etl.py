@@ -15,8 +15,8 @@ Parquet, with progress bars and a summary table.
    temporary directory; the executors write it, so on several machines it must be a
    filesystem they share).
 
-Spark's session starts on a thread as soon as the cluster is up and runs step 3's code
-paths once on one order (``warm_up``) while steps 1-2 run; each step's line says how long it
+Spark's session starts on a thread as soon as Ray is up and runs step 3's code paths once
+on one order (``warm_up``) while the cluster starts and steps 1-2 run; each step's line says how long it
 took, its start-up (worker processes, the group's join, waiting for Spark) apart from its
 work. What prints: raykafka's lines, progress bars and the table; Ray's, Ray Data's and
 Spark's own logs only with ``--verbose`` (jobs/quiet.py).
@@ -174,7 +174,7 @@ def warm_up(spark) -> None:
     """Step 4's code paths once, on one order: Ray Data's executor (its helper actors, a
     task worker that imports pyarrow and Ray Data), the Arrow IPC tasks, and the Spark
     executor's first job (class loading, code generation). Start-up work: the demo does it
-    on the thread that starts Spark, while steps 2-3 run."""
+    on the thread that starts Spark, while the cluster starts and steps 2-3 run."""
     import datetime
 
     import pyarrow as pa
@@ -222,7 +222,7 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
     starts an embedded cluster (in ``data_dir``, default a temporary dir, with
     ``EMBEDDED_CONFIG``) and shuts it down at the end; a namespace attaches to that running
     cluster. ``output`` is the Parquet directory of the aggregate (default a new temporary
-    directory). Spark's session starts on a thread as soon as the cluster is up."""
+    directory). Spark's session starts on a thread as soon as Ray is up."""
     import tempfile
 
     from actors import Cluster
@@ -235,18 +235,19 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
     phases: dict[str, float] = {}
     started = time.perf_counter()
     embedded = namespace is None
-    cluster = (Cluster.start(num_brokers=brokers, data_dir=data_dir, namespace="raykafka-demo",
-                             config=EMBEDDED_CONFIG)
-               if embedded else Cluster.connect(namespace))
-    quiet_ray_data()
-    phases["start_s"] = time.perf_counter() - started
-    spark, spark_start = active_session(), None
-    if spark is None:
-        spark_start = _SparkStart()
-    say(f"[1/4] cluster {cluster.namespace!r} ready in {phases['start_s']:.1f}s "
-        f"(brokers {cluster.broker_ids()}; start-up: Ray, ZooKeeper, the brokers' actors)"
-        + ("; Spark's session starts meanwhile" if spark_start else ""))
+    spark = active_session()
+    spark_start = _SparkStart() if spark is None else None     # as soon as Ray is up
+    cluster = None
     try:
+        cluster = (Cluster.start(num_brokers=brokers, data_dir=data_dir,
+                                 namespace="raykafka-demo", config=EMBEDDED_CONFIG)
+                   if embedded else Cluster.connect(namespace))
+        quiet_ray_data()
+        phases["start_s"] = time.perf_counter() - started
+        say(f"[1/4] cluster {cluster.namespace!r} ready in {phases['start_s']:.1f}s "
+            f"(brokers {cluster.broker_ids()}; start-up: Ray, ZooKeeper, the brokers' "
+            f"actors)" + ("; Spark's session is starting since Ray came up"
+                          if spark_start else ""))
         _fresh_topics(cluster, partitions, say)
         tasks = _produce(cluster, records, tasks, phases, say, quiet)
         _enrich(cluster, records, members, phases, say, quiet)
@@ -263,13 +264,14 @@ def run(*, records: int = 100_000, tasks: int = 4, members: int = 3, partitions:
             f"{phases['aggregate_s']:.1f}s: the topic into Spark {phases['read_s']:.1f}s, "
             f"Spark's job {phases['spark_job_s']:.1f}s"
             + (f"; its session had started and warmed up in {phases['spark_start_s']:.1f}s "
-               f"meanwhile, {phases['spark_wait_s']:.1f}s of it waited for here"
+               f"since Ray came up, {phases['spark_wait_s']:.1f}s of it waited for here"
                if spark_start else ""))
     finally:
         if spark_start is not None:
+            spark_start.cancel()
             spark_start.join()
             stop_spark()
-        if embedded:
+        if embedded and cluster is not None:
             cluster.shutdown()
     phases["total_s"] = time.perf_counter() - started
 
@@ -374,20 +376,33 @@ def _enrich(cluster, records: int, members: int, phases: dict, say, quiet: bool)
 
 
 class _SparkStart:
-    """``jobs.spark.spark_session`` and ``warm_up`` on a thread: its JVMs (the driver here,
-    RayDP's app master and executor as Ray actors) take 20-30 s to start on 2 cores, and
-    the first use of each part of step 4 several seconds more; done while steps 2-3 run."""
+    """``jobs.spark.spark_session`` and ``warm_up`` on a thread, from the moment Ray is up
+    (``Cluster.start`` brings Ray up first, then ZooKeeper and the brokers): its JVMs (the
+    driver here, RayDP's app master and executor as Ray actors) take 20-40 s to start
+    beside the cluster on 2 cores, and the first use of each part of step 4 several
+    seconds more; all of it while steps 1-3 run."""
 
     def __init__(self):
         self.session = None
         self.error: BaseException | None = None
         self.seconds: float | None = None
+        self._cancelled = threading.Event()
         self._thread = threading.Thread(target=self._start, name="spark-session-start",
                                         daemon=True)
         self._thread.start()
 
+    def cancel(self) -> None:
+        """Give up if Ray is not up yet (the cluster did not start)."""
+        self._cancelled.set()
+
     def _start(self) -> None:
+        import ray
+
         from jobs.spark import spark_session
+        deadline = time.monotonic() + SPARK_START_TIMEOUT_S
+        while not ray.is_initialized():
+            if self._cancelled.wait(0.05) or time.monotonic() > deadline:
+                return
         t = time.perf_counter()
         try:
             session = spark_session(app_name="raykafka-pipeline")
@@ -408,6 +423,9 @@ class _SparkStart:
             raise KafkaTimeoutError(f"Spark's session did not start within {timeout_s:.0f}s")
         if self.error is not None:
             raise self.error
+        if self.session is None:
+            from actors.errors import KafkaTimeoutError
+            raise KafkaTimeoutError("Spark's session was not started: Ray never came up")
         return self.session
 
 
