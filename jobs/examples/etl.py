@@ -370,9 +370,9 @@ def _enrich(cluster, records: int, members: int, phases: dict, say, quiet: bool)
     say(f"[3/4] {members} member actors of group {GROUP!r} enriched {records:,} orders into "
         f"{ENRICHED!r} in {phases['enrich_s']:.1f}s: {phases['enrich_startup_s']:.1f}s for "
         f"the members to start and join the group, then "
-        f"{phases['enrich_s'] - phases['enrich_startup_s']:.1f}s of enriching "
-        f"({final['processed']:,} processed: repeats after a rebalance are dropped in "
-        f"step 4)")
+        f"{phases['enrich_s'] - phases['enrich_startup_s']:.1f}s of enriching"
+        + (f" ({final['processed'] - records:,} processed again after a rebalance: "
+           f"step 4 drops the repeats)" if final["processed"] > records else ""))
 
 
 class _SparkStart:
