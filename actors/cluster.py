@@ -292,6 +292,15 @@ class Cluster:
     def controller_id(self) -> int:
         return self.metadata.refresh().get("controller_id", -1)
 
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every live broker's Kafka listener, ``"host:port,host:port"`` (by broker id),
+        as the controller's latest metadata lists them: Kafka's ``bootstrap.servers``."""
+        brokers = self.metadata.refresh().get("brokers", {})
+        return ",".join(f"{b['host']}:{b['port']}"
+                        for _, b in sorted(brokers.items(), key=lambda kv: int(kv[0]))
+                        if b.get("port"))
+
     # -- clients ---------------------------------------------------------------------------------------
     def admin(self):
         from .client.admin import Admin

@@ -41,9 +41,12 @@ from ..errors import (BrokerIdInUseError, CoordinatorNotAvailableError, IllegalA
 from ..protocol import (OFFSETS_TOPIC, broker_actor_name, controller_actor_name,
                         group_coordinator_actor_name, unwrap)
 from .admin_manager import AdminManager
+from .broker_backend import BrokerBackend, RayReplicaLookup
 from .controller import Controller
 from .group_coordinator import GroupCoordinator
 from .group_offsets import offsets_partition
+from .handlers import BrokerEndpoint, KafkaApis
+from .network import SocketServer, SocketServerConfig
 from .replica import read_partition_topic_id
 from .replica_manager import RayReplicaActors, ReplicaManager, topic_log_defaults  # noqa: F401
 
@@ -60,6 +63,43 @@ DEFAULT_OFFSETS_REPLICATION = 3
 ALTER_PARTITION_TIMEOUT_S = 5.0
 #: How long fencing the replicas may hold up registering again after a session loss.
 FENCE_TIMEOUT_S = 10.0
+#: Request handler threads of the Kafka listener (Kafka's num.io.threads): a handler waits
+#: on a replica's channel (tens of microseconds) or, for ListOffsets, a Ray call.
+DEFAULT_IO_THREADS = 4
+_LISTENER_SETTINGS = ("socket.request.max.bytes", "connections.max.idle.ms",
+                      "max.connections", "queued.max.request.bytes")
+
+
+def _host_port(listener: str, setting: str) -> tuple[str, int]:
+    scheme, sep, address = str(listener).partition("://")
+    host, colon, port = address.rpartition(":")
+    if not sep or not colon or scheme != "PLAINTEXT" or not port.isdigit():
+        raise IllegalArgumentError(f"{setting}: expected PLAINTEXT://host:port (only PLAINTEXT "
+                                   f"is implemented), got {listener!r}")
+    return host.strip("[]"), int(port)
+
+
+def listener_settings(broker_id: int, config: dict, node_host: str | None
+                      ) -> tuple[SocketServerConfig, str | None, int | None]:
+    """(the listener's settings, the host and port to advertise (None: the bound ones))
+    of broker ``broker_id`` from the cluster's config (pure). ``listeners`` is Kafka's
+    (default ``PLAINTEXT://127.0.0.1:0``, port 0 = a free port); a fixed port P puts
+    broker i on P+i, so one cluster config serves every broker of a machine (what
+    ``raykafka start --port P`` sets). A wildcard host (0.0.0.0, ::, empty) binds every
+    address and advertises the node's; ``advertised.listeners`` overrides (its port, when
+    not 0, offset the same way)."""
+    host, port = _host_port(config.get("listeners", "PLAINTEXT://127.0.0.1:0"), "listeners")
+    props = {k: config[k] for k in _LISTENER_SETTINGS if k in config}
+    server = SocketServerConfig.from_properties(
+        props, host=host or "0.0.0.0", port=port + broker_id if port else 0,
+        io_threads=int(config.get("num.io.threads", DEFAULT_IO_THREADS)))
+    adv_host, adv_port = None, None
+    if config.get("advertised.listeners"):
+        adv_host, p = _host_port(config["advertised.listeners"], "advertised.listeners")
+        adv_port = p + broker_id if p else None
+    elif server.host in ("0.0.0.0", "::"):
+        adv_host = node_host
+    return server, adv_host, adv_port
 
 
 def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> None:
@@ -120,6 +160,13 @@ class Broker:
         self._stopping = threading.Event()
         self._controller_cache = None                   # (broker id, Controller handle)
         self.coordinator = None                         # created on first offsets partition
+        # partitions this broker leads -> leader epoch, by the LeaderAndIsr it applied
+        # (replaced, never mutated: the Kafka listener's threads read it without a lock)
+        self.leading: dict[tuple[str, int], int] = {}
+        self.server: SocketServer | None = None         # the Kafka listener, once started
+        self.apis: KafkaApis | None = None
+        self.backend: BrokerBackend | None = None
+        self.cluster_id = None
         self._coordinator_lock = threading.Lock()
         self.started = False
 
@@ -148,14 +195,19 @@ class Broker:
             raise
         self.admin = AdminManager(self.store, wake_controller=self._wake_controller,
                                   live_brokers=self._live_brokers)
-        host = "127.0.0.1"
         try:
-            host = ray.util.get_node_ip_address()
+            node_host = ray.util.get_node_ip_address()
         except Exception:  # noqa: BLE001 - outside a Ray worker
-            host = socket.gethostbyname(socket.gethostname())
-        info = L.BrokerInfo(broker_id=self.broker_id, host=host, port=0,
+            node_host = socket.gethostbyname(socket.gethostname())
+        try:
+            host, port = self._start_listener(node_host)
+        except Exception:
+            self.zk.close()
+            raise
+        # node ids on the wire are broker ids; the endpoint is the seeds' field
+        info = L.BrokerInfo(broker_id=self.broker_id, host=host, port=port,
                             rack=self.config.get("broker.rack"),
-                            endpoints=(f"RAY://{host}/{self.namespace}/{broker_actor_name(self.broker_id)}",))
+                            endpoints=(f"PLAINTEXT://{host}:{port}",))
         deadline = time.monotonic() + wait_for_stale_s
         while True:
             self.registration = BrokerRegistration(self.zk, info,
@@ -165,6 +217,7 @@ class Broker:
                 break
             except ZkBrokerIdInUseError as exc:
                 if time.monotonic() >= deadline:
+                    self._stop_listener()
                     self.zk.close()
                     raise BrokerIdInUseError(
                         f"broker id {self.broker_id} is already registered in ZooKeeper by "
@@ -177,7 +230,48 @@ class Broker:
         self._supervisor.start()
         self.started = True
         return {"broker_id": self.broker_id, "data_dir": self.data_dir, "host": host,
-                "cluster_id": self.cluster_id}
+                "port": port, "cluster_id": self.cluster_id}
+
+    def _start_listener(self, node_host: str) -> tuple[str, int]:
+        """Serve Kafka's protocol (handlers.KafkaApis over a BrokerBackend) on this
+        process's own threads; (host, port) to advertise."""
+        settings, adv_host, adv_port = listener_settings(self.broker_id, self.config,
+                                                         node_host)
+        self.backend = BrokerBackend(
+            self.broker_id, metadata=lambda: self.metadata,
+            leader_epochs=lambda: self.leading,
+            replicas=RayReplicaLookup(self.replica_manager),
+            endpoint=BrokerEndpoint(self.broker_id, settings.host, settings.port),
+            cluster_id=self.cluster_id)
+        self.apis = KafkaApis(self.backend)
+        self.backend.on_change = self.apis.notify
+        self.server = SocketServer(self.apis, settings)
+        try:
+            self.server.start()
+        except OSError as exc:
+            self._stop_listener()
+            raise IllegalArgumentError(f"broker {self.broker_id}: cannot listen on "
+                                       f"{settings.host}:{settings.port}: {exc}") from None
+        host, port = adv_host or settings.host, adv_port or self.server.port
+        self.backend.endpoint = BrokerEndpoint(self.broker_id, host, port,
+                                               self.config.get("broker.rack"))
+        return host, port
+
+    def _stop_listener(self) -> None:
+        """Close the listener (clients see their connections end), then the handlers and
+        the replica channels."""
+        for part in (self.server, self.apis, self.backend):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    log.exception("broker %d: closing %r", self.broker_id, part)
+
+    def listener(self) -> dict:
+        """This broker's Kafka listener: ``{"host", "port"}`` as registered."""
+        endpoint = self.backend.endpoint if self.backend is not None else None
+        return {"host": endpoint.host if endpoint else None,
+                "port": endpoint.port if endpoint else None}
 
     def _remove_stale_partition_dirs(self) -> None:
         """Directories of topics deleted while this broker was down go now: those of topics
@@ -320,6 +414,7 @@ class Broker:
     def shutdown(self) -> None:
         """A clean stop: controller role handed over, logs closed, registration removed."""
         self._stopping.set()
+        self._stop_listener()
         if self.controller is not None:
             try:
                 ray.get(self.controller.close.remote(), timeout=10)
@@ -360,6 +455,7 @@ class Broker:
                        request_id: int = 0) -> list[dict]:
         """One row per partition: ``{"topic", "partition", "error"}`` (None on success)."""
         rows = self.replica_manager.leader_and_isr(controller_epoch, partitions, request_id)
+        self._note_leadership(partitions, rows)
         offsets = [(p["partition"], p["leader"] == self.broker_id, p.get("leader_epoch", -1))
                    for p, row in zip(partitions, rows)
                    if p["topic"] == OFFSETS_TOPIC and row["error"] is None]
@@ -370,10 +466,30 @@ class Broker:
     def stop_replicas(self, controller_epoch: int, partitions: list, delete: bool,
                       request_id: int = 0) -> None:
         self.replica_manager.stop_replicas(controller_epoch, partitions, delete, request_id)
+        self._note_leadership([], [], stopped=[tuple(tp) for tp in partitions])
         gone = [(int(p), False, -1) for t, p in (tuple(tp) for tp in partitions)
                 if t == OFFSETS_TOPIC]
         if gone and self.coordinator is not None:
             self._tell_coordinator(gone, (controller_epoch, request_id))
+
+    def _note_leadership(self, partitions: list[dict], rows: list[dict], *,
+                         stopped=()) -> None:
+        """The Kafka listener's view of what this broker leads: a partition applied as
+        leader (with its epoch), one applied as follower or stopped is no longer led."""
+        with self._lock:
+            leading = dict(self.leading)
+            for p, row in zip(partitions, rows):
+                if row["error"] is not None:
+                    continue
+                key = (p["topic"], p["partition"])
+                if p["leader"] == self.broker_id:
+                    leading[key] = p.get("leader_epoch", -1)
+                else:
+                    leading.pop(key, None)
+            for topic, partition in stopped:
+                if self.replica_manager.get(topic, int(partition)) is None:
+                    leading.pop((topic, int(partition)), None)
+            self.leading = leading
 
     # -- consumer groups ---------------------------------------------------------------------------
     def _offsets_partition_count(self) -> int | None:

@@ -1,0 +1,327 @@
+"""BrokerBackend: the Kafka request handlers' ``Backend`` (handlers.py) for a Broker actor.
+
+Metadata comes from what the Broker already holds, never from a call per request: the
+controller's last UpdateMetadata (brokers with their listeners, topics, partitions with
+leader, leader epoch, replicas and ISR) and the LeaderAndIsr requests this broker applied
+(which partitions it leads, in which epoch). Data goes to the local leader replica actor
+over its local channel (replica_channel.py): one ``ReplicaChannel`` per hosted replica,
+opened on first use from the replica's ``channel_address()`` (one Ray call), kept while it
+works, dropped when it fails or the replica actor changes (a new one opens on the next
+request). A partition this broker does not lead answers NotLeaderForPartitionError
+(NOT_LEADER_OR_FOLLOWER), so clients refresh their metadata and go to the new leader.
+
+The purgatory is woken through the channel: each link asks its replica to ``watch`` (push
+its high watermark and log end offset whenever they change); the callback, on the
+channel's reader thread, records them and queues the partition for the notifier thread,
+which calls ``on_change(topic, partition)`` (``KafkaApis.notify``). Not on the reader
+thread itself: waking a parked Fetch reads through that same channel and waits for its
+answer, which only the reader thread could deliver. The recorded high watermark also lets
+a consumer's fetch at the high watermark (the usual long poll: nothing new yet) answer
+empty without a round trip to the replica.
+
+ListOffsets and OffsetForLeaderEpoch are rare (a consumer's start, a leader change) and the
+channel has no operation for them: they are one Ray call to the replica each.
+
+Ray stays behind ``ReplicaLookup`` (``RayReplicaLookup`` in production), so this module is
+tested with in-process replicas. Thread-safe: ``_lock`` guards the link table only; no
+lock is held while a replica or channel is waited on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from ..errors import (LeaderNotAvailableError, NotLeaderForPartitionError,
+                      UnknownTopicOrPartitionError)
+from ..protocol import EpochEndOffset, FetchResult, unwrap
+from .handlers import BrokerEndpoint, PartitionMetadata
+from .log_backend import list_offset_in_log
+from .replica_channel import ReplicaChannel, wait
+
+log = logging.getLogger(__name__)
+
+#: How long a consumer fetch (max_wait 0: a long poll waits in the broker's purgatory, not
+#: in the replica) or a control call may take the replica before the partition answers
+#: REQUEST_TIMED_OUT. Short: a replica that hangs must not hold the request handler threads.
+READ_TIMEOUT_S = 5.0
+CONTROL_TIMEOUT_S = 10.0
+
+
+class ReplicaLookup(Protocol):
+    """How the backend reaches the hosted replica actors (Ray in production)."""
+
+    def handle(self, topic: str, partition: int) -> Any:
+        """The hosted replica's handle, None when this broker hosts no such replica."""
+
+    def channel_address(self, handle) -> str: ...
+
+    def list_offset(self, handle, timestamp: int) -> tuple[int, int]: ...
+
+    def end_offset_for_epoch(self, handle, leader_epoch: int) -> EpochEndOffset: ...
+
+
+@dataclass
+class _Link:
+    """One hosted replica's channel and what its watch last said (-1: nothing yet)."""
+
+    handle: Any
+    leader_epoch: int                     # a new leadership gets a new link (and watch)
+    channel: ReplicaChannel
+    high_watermark: int = -1
+    log_end_offset: int = -1
+    log_start_offset: int = -1            # from the last fetch answer
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def usable(self, handle, leader_epoch: int) -> bool:
+        return (self.handle is handle and self.leader_epoch == leader_epoch
+                and self.channel.alive)
+
+    def saw(self, hw: int, leo: int, log_start: int | None = None) -> None:
+        with self.lock:
+            # answers come on several replica threads: never move backwards
+            self.high_watermark = max(self.high_watermark, hw)
+            self.log_end_offset = max(self.log_end_offset, leo)
+            if log_start is not None:
+                self.log_start_offset = max(self.log_start_offset, log_start)
+
+
+class BrokerBackend:
+    """The handlers' Backend for broker ``broker_id`` (see the module docstring).
+
+    ``metadata()`` answers the broker's current UpdateMetadata snapshot (a dict replaced,
+    never mutated); ``leader_epochs()`` the ``{(topic, partition): leader_epoch}`` of the
+    partitions it leads by the LeaderAndIsr requests it applied; ``endpoint`` is this
+    broker's own listener (answered until the controller's metadata lists it)."""
+
+    def __init__(self, broker_id: int, *, metadata: Callable[[], dict],
+                 leader_epochs: Callable[[], dict], replicas: ReplicaLookup,
+                 endpoint: BrokerEndpoint, cluster_id: str | None = None,
+                 on_change: Callable[[str, int], None] | None = None):
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self.endpoint = endpoint
+        self.on_change = on_change
+        self._metadata = metadata
+        self._leader_epochs = leader_epochs
+        self._replicas = replicas
+        self._lock = threading.Lock()              # guards _links
+        self._open_lock = threading.Lock()         # one channel opened at a time
+        self._links: dict[tuple[str, int], _Link] = {}
+        self._changed: set[tuple[str, int]] = set()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._notifier = threading.Thread(target=self._notify_loop, daemon=True,
+                                          name=f"broker-{broker_id}-notifier")
+        self._notifier.start()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        with self._lock:
+            links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.channel.close()
+        self._notifier.join(5.0)
+
+    # -- metadata ---------------------------------------------------------------------------
+    def brokers(self) -> list[BrokerEndpoint]:
+        known = self._metadata().get("brokers") or {}
+        out = [BrokerEndpoint(int(bid), b["host"], int(b["port"]), b.get("rack"))
+               for bid, b in sorted(known.items(), key=lambda kv: int(kv[0]))
+               if int(b.get("port") or 0) > 0]
+        if not any(b.node_id == self.broker_id for b in out):
+            out.append(self.endpoint)              # not in the controller's metadata yet
+        return out
+
+    def controller_id(self) -> int:
+        return int(self._metadata().get("controller_id", -1))
+
+    def topics(self) -> list[str]:
+        return list(self._metadata().get("topics") or {})
+
+    def partitions(self, topic: str) -> list[PartitionMetadata] | None:
+        snap = self._metadata()
+        parts = (snap.get("topics") or {}).get(topic)
+        if parts is None:
+            return None
+        live = {int(b) for b in snap.get("brokers") or {}}
+        out = []
+        for p, state in sorted(parts.items(), key=lambda kv: int(kv[0])):
+            leader = state.get("leader", -1)
+            leader = -1 if leader is None else int(leader)
+            replicas = tuple(state.get("replicas") or ())
+            out.append(PartitionMetadata(
+                int(p), leader, int(state.get("leader_epoch", -1)), replicas,
+                tuple(state.get("isr") or ()),
+                offline_replicas=tuple(r for r in replicas if r not in live),
+                error=None if leader >= 0 else LeaderNotAvailableError(
+                    f"{topic}-{p} has no leader")))
+        return out
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        epoch = self._leader_epochs().get((topic, partition))
+        if epoch is not None:
+            return epoch
+        parts = (self._metadata().get("topics") or {}).get(topic)
+        if parts is None or partition not in {int(p) for p in parts}:
+            raise UnknownTopicOrPartitionError(f"{topic}-{partition} is not known to broker "
+                                               f"{self.broker_id}")
+        raise NotLeaderForPartitionError(f"broker {self.broker_id} is not the leader of "
+                                         f"{topic}-{partition}")
+
+    # -- data -------------------------------------------------------------------------------
+    def append(self, topic: str, partition: int, records, *, acks: int,
+               timeout_ms: int) -> concurrent.futures.Future:
+        link = self._link(topic, partition)        # not the leader here: refused at once
+        future = link.channel.produce(records, acks, timeout_ms)
+        future.add_done_callback(lambda f: self._check(topic, partition, link, f))
+        return future
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, *,
+             replica_id: int, isolation_level: int) -> FetchResult:
+        link = self._link(topic, partition)
+        if replica_id < 0:
+            with link.lock:
+                hw, leo, start = (link.high_watermark, link.log_end_offset,
+                                  link.log_start_offset)
+            if offset == hw >= 0 and start >= 0:   # nothing committed past it yet
+                return FetchResult(b"", hw, start, leo)
+        isolation = "log_end" if replica_id >= 0 else "high_watermark"
+        future = link.channel.fetch(offset, max_bytes, 0, 1, isolation=isolation)
+        try:
+            result = wait(future, READ_TIMEOUT_S)
+        except Exception:
+            self._check(topic, partition, link, future)
+            raise
+        link.saw(result.high_watermark, result.log_end_offset, result.log_start_offset)
+        return result
+
+    def list_offset(self, topic: str, partition: int, timestamp: int, *,
+                    isolation_level: int) -> tuple[int, int]:
+        return self._replicas.list_offset(self._handle(topic, partition), timestamp)
+
+    def end_offset_for_epoch(self, topic: str, partition: int,
+                             leader_epoch: int) -> EpochEndOffset:
+        return self._replicas.end_offset_for_epoch(self._handle(topic, partition),
+                                                   leader_epoch)
+
+    # -- links to the replicas --------------------------------------------------------------
+    def _handle(self, topic: str, partition: int):
+        handle = self._replicas.handle(topic, partition)
+        if handle is None:
+            raise NotLeaderForPartitionError(f"broker {self.broker_id} hosts no replica of "
+                                             f"{topic}-{partition}")
+        return handle
+
+    def _link(self, topic: str, partition: int) -> _Link:
+        """The channel to the partition's local leader replica in its current leader
+        epoch (opened now when there is none that works); NotLeaderForPartitionError when
+        this broker does not lead it."""
+        key = (topic, partition)
+        epoch = self.leader_epoch(topic, partition)
+        handle = self._handle(topic, partition)
+        link = self._links.get(key)
+        if link is not None and link.usable(handle, epoch):
+            return link
+        with self._open_lock:
+            link = self._links.get(key)
+            if link is not None and link.usable(handle, epoch):
+                return link
+            try:
+                channel = ReplicaChannel(self._replicas.channel_address(handle))
+            except Exception as exc:  # noqa: BLE001 - a replica stopping or gone: not here
+                error = unwrap(exc)
+                if isinstance(error, NotLeaderForPartitionError):
+                    raise error from None
+                raise NotLeaderForPartitionError(
+                    f"broker {self.broker_id}: the replica of {topic}-{partition} gave no "
+                    f"channel ({type(error).__name__}: {error})") from None
+            new = _Link(handle, epoch, channel)
+            channel.watch(lambda hw, leo: self._watched(key, new, hw, leo))
+            with self._lock:
+                old, self._links[key] = self._links.get(key), new
+        if old is not None:
+            old.channel.close()
+        return new
+
+    def _check(self, topic: str, partition: int, link: _Link, future) -> None:
+        """After a failed request: a channel that died is dropped (the next request opens
+        a new one); a replica's own refusal (NotLeader...) leaves it as it is."""
+        if future.cancelled() or future.exception() is None or link.channel.alive:
+            return
+        with self._lock:
+            if self._links.get((topic, partition)) is link:
+                del self._links[(topic, partition)]
+
+    def _watched(self, key: tuple[str, int], link: _Link, hw: int, leo: int) -> None:
+        """The watch's callback, on the channel's reader thread: record, hand over."""
+        link.saw(hw, leo)
+        with self._wake:
+            self._changed.add(key)
+            self._wake.notify()
+
+    def _notify_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._changed and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                changed, self._changed = self._changed, set()
+            if self.on_change is None:
+                continue
+            for topic, partition in changed:
+                try:
+                    self.on_change(topic, partition)
+                except Exception:  # noqa: BLE001 - a waker's bug must not stop the others
+                    log.exception("broker %d: waking fetches of %s-%d", self.broker_id,
+                                  topic, partition)
+
+
+# -- Ray ------------------------------------------------------------------------------------
+def _list_offset_on_replica(replica, timestamp: int) -> tuple[int, int]:
+    """Runs inside the replica actor (``__ray_call__``): ListOffsets as its leader."""
+    replica._require_leader_for_reads()
+    return list_offset_in_log(replica.log, timestamp, replica.high_watermark)
+
+
+class RayReplicaLookup:
+    """ReplicaLookup over the broker's ReplicaManager and Ray calls to replica actors."""
+
+    def __init__(self, replica_manager):
+        self.replica_manager = replica_manager
+
+    def handle(self, topic: str, partition: int):
+        return self.replica_manager.get(topic, partition)
+
+    @staticmethod
+    def _get(ref):
+        import ray
+        try:
+            return ray.get(ref, timeout=CONTROL_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            from ..errors import RequestTimedOutError
+            raise RequestTimedOutError(f"the replica did not answer within "
+                                       f"{CONTROL_TIMEOUT_S}s") from None
+        except ray.exceptions.RayActorError as exc:
+            raise NotLeaderForPartitionError(f"the replica is gone ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - the replica's typed error, unwrapped
+            raise unwrap(exc) from None
+
+    def channel_address(self, handle) -> str:
+        return self._get(handle.channel_address.remote())
+
+    def list_offset(self, handle, timestamp: int) -> tuple[int, int]:
+        return tuple(self._get(handle.__ray_call__.remote(_list_offset_on_replica,
+                                                          timestamp)))
+
+    def end_offset_for_epoch(self, handle, leader_epoch: int) -> EpochEndOffset:
+        return self._get(handle.offsets_for_leader_epoch.remote(leader_epoch))
+
+
+__all__ = ["BrokerBackend", "RayReplicaLookup", "ReplicaLookup"]

@@ -1,0 +1,164 @@
+"""The Broker's request-handler backend (actors/server/broker_backend.py) without Ray:
+metadata from the broker's snapshot, produce and fetch over cached replica channels to
+in-process PartitionReplicas, NOT_LEADER_OR_FOLLOWER for what it does not lead, a new
+channel after the replica or its leadership changes, and the watch waking the purgatory."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from actors.errors import (LeaderNotAvailableError, NotLeaderForPartitionError,
+                           UnknownTopicOrPartitionError)
+from actors.server.broker_backend import BrokerBackend
+from actors.server.handlers import BrokerEndpoint
+from actors.server.replica import PartitionReplica
+from actors.server.replica_channel import wait
+from storage.records import build, decode_records
+
+
+class _Lookup:
+    """ReplicaLookup over in-process replicas (what Ray calls would reach)."""
+
+    def __init__(self):
+        self.replicas: dict = {}
+        self.addresses_asked = 0
+
+    def handle(self, topic, partition):
+        return self.replicas.get((topic, partition))
+
+    def channel_address(self, handle):
+        self.addresses_asked += 1
+        return handle.channel_address()
+
+    def list_offset(self, handle, timestamp):
+        raise AssertionError("not used here")
+
+    def end_offset_for_epoch(self, handle, leader_epoch):
+        return handle.offsets_for_leader_epoch(leader_epoch)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    lookup = _Lookup()
+    leader = PartitionReplica("t", 0, 0, str(tmp_path), {})
+    leader.become_leader(3, [0], [0])
+    lookup.replicas[("t", 0)] = leader
+    metadata = {"controller_id": 1, "brokers": {
+        0: {"host": "127.0.0.1", "port": 9092, "rack": None},
+        1: {"host": "127.0.0.1", "port": 9093, "rack": "r1"}},
+        "topics": {"t": {0: {"leader": 0, "leader_epoch": 3, "isr": [0], "replicas": [0]},
+                         1: {"leader": 1, "leader_epoch": 0, "isr": [1], "replicas": [1, 2]},
+                         2: {"leader": -1, "leader_epoch": 1, "isr": [], "replicas": [2]}}}}
+    state = {"metadata": metadata, "leading": {("t", 0): 3}}
+    notified = []
+    backend = BrokerBackend(0, metadata=lambda: state["metadata"],
+                            leader_epochs=lambda: state["leading"], replicas=lookup,
+                            endpoint=BrokerEndpoint(0, "127.0.0.1", 9092),
+                            on_change=lambda t, p: notified.append((t, p)))
+    yield backend, lookup, leader, state, notified
+    backend.close()
+    for replica in lookup.replicas.values():
+        replica.stop()
+
+
+def test_metadata_comes_from_the_brokers_snapshot(setup):
+    """Brokers with their listeners by broker id, the controller, each partition's leader,
+    epoch, replicas, ISR, offline replicas (not among the live brokers) and a partition
+    without a leader flagged LEADER_NOT_AVAILABLE."""
+    backend, *_ = setup
+    assert backend.brokers() == [BrokerEndpoint(0, "127.0.0.1", 9092),
+                                 BrokerEndpoint(1, "127.0.0.1", 9093, "r1")]
+    assert backend.controller_id() == 1 and backend.topics() == ["t"]
+    parts = backend.partitions("t")
+    assert [(p.partition, p.leader, p.leader_epoch, p.replicas, p.isr, p.offline_replicas)
+            for p in parts] == [(0, 0, 3, (0,), (0,), ()), (1, 1, 0, (1, 2), (1,), (2,)),
+                                (2, -1, 1, (2,), (), (2,))]
+    assert isinstance(parts[2].error, LeaderNotAvailableError)
+    assert backend.partitions("nope") is None
+
+
+def test_own_endpoint_is_listed_before_the_controller_says_so(setup):
+    """A broker the controller's metadata does not list yet still names itself."""
+    backend, _, _, state, _ = setup
+    state["metadata"] = {"brokers": {}, "topics": {}}
+    assert backend.brokers() == [BrokerEndpoint(0, "127.0.0.1", 9092)]
+    assert backend.controller_id() == -1
+
+
+def test_produce_and_fetch_go_over_one_cached_channel(setup):
+    """Appends and reads reach the leader replica through its channel, opened once."""
+    backend, lookup, leader, _, _ = setup
+    for i in range(3):
+        result = wait(backend.append("t", 0, memoryview(build([b"r%d" % i])), acks=-1,
+                                     timeout_ms=5000), 5)
+        assert result.base_offset == i
+    got = backend.read("t", 0, 0, 1 << 20, replica_id=-1, isolation_level=0)
+    assert [r.value for r in decode_records(got.data)] == [b"r0", b"r1", b"r2"]
+    assert (got.high_watermark, got.log_start_offset) == (3, 0)
+    assert lookup.addresses_asked == 1
+    assert backend.leader_epoch("t", 0) == 3
+    assert backend.end_offset_for_epoch("t", 0, 3).end_offset == 3
+
+
+def test_partitions_not_led_here_answer_not_leader_or_unknown(setup):
+    """A partition another broker leads is NOT_LEADER_OR_FOLLOWER (clients refresh their
+    metadata); one nobody knows is UNKNOWN_TOPIC_OR_PARTITION; nothing is sent."""
+    backend, lookup, *_ = setup
+    with pytest.raises(NotLeaderForPartitionError):
+        backend.append("t", 1, memoryview(build([b"x"])), acks=1, timeout_ms=1000)
+    with pytest.raises(NotLeaderForPartitionError):
+        backend.read("t", 1, 0, 100, replica_id=-1, isolation_level=0)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        backend.leader_epoch("other", 0)
+    assert lookup.addresses_asked == 0
+
+
+def test_a_new_replica_or_leader_epoch_gets_a_new_channel(setup, tmp_path):
+    """The channel is reopened when the leader epoch changes, and when the replica actor
+    was replaced or its channel died (the next request works, it is not refused)."""
+    backend, lookup, leader, state, _ = setup
+    wait(backend.append("t", 0, memoryview(build([b"a"])), acks=1, timeout_ms=1000), 5)
+    leader.become_leader(4, [0], [0])
+    state["leading"] = {("t", 0): 4}
+    wait(backend.append("t", 0, memoryview(build([b"b"])), acks=1, timeout_ms=1000), 5)
+    assert lookup.addresses_asked == 2
+    leader.stop()                                   # its channel dies with it
+    replacement = PartitionReplica("t", 0, 0, str(tmp_path / "again"), {})
+    replacement.become_leader(4, [0], [0])
+    lookup.replicas[("t", 0)] = replacement
+    result = wait(backend.append("t", 0, memoryview(build([b"c"])), acks=1,
+                                 timeout_ms=1000), 5)
+    assert result.base_offset == 0 and lookup.addresses_asked == 3
+
+
+def test_the_replicas_watch_wakes_the_purgatory_off_the_channel_thread(setup):
+    """An append made directly on the replica (another channel, a Ray call) reaches
+    ``on_change`` through the watch; a consumer read at the high watermark answers empty
+    from what the watch said, without asking the replica."""
+    backend, _, leader, _, notified = setup
+    backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)   # opens the link
+    notified.clear()
+    leader.produce(build([b"direct"]), acks=1)
+    deadline = time.monotonic() + 5
+    while ("t", 0) not in notified and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ("t", 0) in notified
+    link = backend._links[("t", 0)]
+    backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)   # learns log start
+    link.channel.fetch = None                        # any channel fetch would fail now
+    empty = backend.read("t", 0, 1, 100, replica_id=-1, isolation_level=0)
+    assert (empty.data, empty.high_watermark, empty.log_end_offset) == (b"", 1, 1)
+
+
+def test_close_ends_the_notifier_and_the_channels(setup):
+    """close() stops the notifier thread and closes every channel."""
+    backend, *_ = setup
+    backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)
+    link = backend._links[("t", 0)]
+    backend.close()
+    assert not link.channel.alive
+    assert not any(t.name == "broker-0-notifier" and t.is_alive()
+                   for t in threading.enumerate())
