@@ -140,6 +140,14 @@ def signal_processes(procs: list[dict], signum: int, *,
     return done
 
 
+def bootstrap_servers_of(metadata: dict) -> str:
+    """``"host:port,..."`` of the brokers a metadata snapshot lists, by broker id."""
+    brokers = metadata.get("brokers") or {}
+    return ",".join(f"{b['host']}:{b['port']}"
+                    for _, b in sorted(brokers.items(), key=lambda kv: int(kv[0]))
+                    if b.get("port"))
+
+
 class Cluster:
     """A handle on a running raykafka cluster. See the module docstring."""
 
@@ -296,10 +304,7 @@ class Cluster:
     def bootstrap_servers(self) -> str:
         """Every live broker's Kafka listener, ``"host:port,host:port"`` (by broker id),
         as the controller's latest metadata lists them: Kafka's ``bootstrap.servers``."""
-        brokers = self.metadata.refresh().get("brokers", {})
-        return ",".join(f"{b['host']}:{b['port']}"
-                        for _, b in sorted(brokers.items(), key=lambda kv: int(kv[0]))
-                        if b.get("port"))
+        return bootstrap_servers_of(self.metadata.refresh())
 
     # -- clients ---------------------------------------------------------------------------------------
     def admin(self):

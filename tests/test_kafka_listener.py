@@ -196,6 +196,21 @@ def test_raykafka_and_confluent_kafka_read_each_others_records(cluster):
         assert [r.value for r in records] == [b"ck%d" % i for i in range(p, 50, 2)]
 
 
+def test_status_shows_the_listeners_and_bootstrap_prints_only_them(cluster, capsys,
+                                                                   monkeypatch):
+    """`raykafka status` has a kafka line with bootstrap_servers; `status --bootstrap`
+    prints that string alone (for `--bootstrap-server $(raykafka status --bootstrap)`)."""
+    from actors.tools import cli, daemon
+    monkeypatch.setattr(daemon, "require_ready", lambda ns: {
+        "pid": 0, "ray_address": "local", "started_at": time.time()})
+    expected = cluster.bootstrap_servers
+    capsys.readouterr()
+    assert cli.main(["status", "--namespace", cluster.namespace]) == 0
+    assert f"kafka       {expected}  (bootstrap.servers)" in capsys.readouterr().out
+    assert cli.main(["status", "--bootstrap", "--namespace", cluster.namespace]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+
+
 def _raw_fetch(address: str, topic: str, offset: int, max_wait_ms: int) -> tuple[float, dict]:
     """One Fetch v12 of partition 0 on a plain socket: (seconds to the answer, body)."""
     host, port = address.split(":")

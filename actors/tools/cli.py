@@ -175,9 +175,13 @@ def cmd_stop(args) -> int:
 
 def cmd_status(args) -> int:
     from . import daemon
+    from ..cluster import bootstrap_servers_of
     state = daemon.require_ready(args.namespace)
     cluster = connect(args.namespace)
     snap = cluster.metadata.refresh()
+    if args.bootstrap:
+        print(bootstrap_servers_of(snap))
+        return 0
     live = sorted(int(b) for b in snap.get("brokers", {}))
     expected = cluster.broker_ids()
     topics = snap.get("topics", {})
@@ -188,6 +192,7 @@ def cmd_status(args) -> int:
              if set(expected) - set(live) else ""))
     print(f"controller  broker {snap.get('controller_id', -1)} "
           f"(epoch {snap.get('controller_epoch', 0)})")
+    print(f"kafka       {bootstrap_servers_of(snap) or 'none'}  (bootstrap.servers)")
     print(f"zookeeper   {cluster.zk_hosts}")
     print(f"ray         {state['ray_address']}")
     if state.get("dashboard_url"):
@@ -747,7 +752,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = cmd(sub, "stop", cmd_stop, "stop the cluster `start` left running")
     s.add_argument("--timeout", type=_positive_float, default=60.0,
                    help="seconds before SIGKILL (default 60)")
-    cmd(sub, "status", cmd_status, "brokers, controller and topics of the running cluster")
+    s = cmd(sub, "status", cmd_status, "brokers, controller and topics of the running cluster")
+    s.add_argument("--bootstrap", action="store_true",
+                   help="print only the brokers' Kafka listeners (bootstrap.servers)")
 
     topics = sub.add_parser("topics", help="create, list, describe, delete, alter topics")
     tsub = topics.add_subparsers(dest="topics_command", metavar="ACTION", parser_class=_Parser)
