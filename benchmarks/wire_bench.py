@@ -209,76 +209,90 @@ def socket_rtt(calls: int) -> dict:
 
 
 # -- end to end through librdkafka ---------------------------------------------------------
-def e2e(rates: list[int], seconds: float) -> dict:
+def e2e_once(bootstrap: str, topic: str, partitions: int, rate: int, seconds: float) -> dict:
+    """One paced end-to-end run: a confluent-kafka producer (acks=all, linger 0) sends
+    100-byte records at ``rate``/s for ``seconds`` (its default partitioner spreads them),
+    a consumer long-polling every partition stamps their arrival. ``{records, p50_ms,
+    p99_ms}``."""
     import threading
 
     import confluent_kafka as ck
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                            "enable.auto.commit": False, "fetch.wait.max.ms": 500,
+                            "fetch.min.bytes": 1})
+    consumer.assign([ck.TopicPartition(topic, p, ck.OFFSET_END) for p in range(partitions)])
+    latencies, stop = [], threading.Event()
+
+    def consume():
+        while not stop.is_set():
+            for m in consumer.consume(1, 0.2):
+                if m.error() is None:
+                    sent, = struct.unpack(">d", m.value()[:8])
+                    latencies.append(time.time() - sent)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    time.sleep(2)               # the consumer's first fetches are parked
+    start = time.time()
+    for i in range(int(rate * seconds)):
+        while time.time() < start + i / rate:
+            time.sleep(0.0002)
+        producer.produce(topic, struct.pack(">d", time.time()) + b"x" * 92)
+        producer.poll(0)
+    producer.flush(30)
+    time.sleep(1.5)
+    stop.set()
+    reader.join(10)
+    consumer.close()
+    latencies.sort()
+    return {"records": len(latencies),
+            "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 3),
+            "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1e3, 3)}
+
+
+def e2e(rates: list[int], seconds: float) -> dict:
     out = {}
     proc, port = _spawn(_BROKER)
     try:
-        bootstrap = f"127.0.0.1:{port}"
         for rate in rates:
-            producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
-                                    "acks": "all"})
-            consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
-                                    "enable.auto.commit": False, "fetch.wait.max.ms": 500,
-                                    "fetch.min.bytes": 1})
-            consumer.assign([ck.TopicPartition("events", 0, ck.OFFSET_END)])
-            latencies, stop = [], threading.Event()
-
-            def consume():
-                while not stop.is_set():
-                    for m in consumer.consume(1, 0.2):
-                        if m.error() is None:
-                            sent, = struct.unpack(">d", m.value()[:8])
-                            latencies.append(time.time() - sent)
-
-            reader = threading.Thread(target=consume)
-            reader.start()
-            time.sleep(2)               # the consumer's first fetch is parked
-            start = time.time()
-            for i in range(int(rate * seconds)):
-                while time.time() < start + i / rate:
-                    time.sleep(0.0002)
-                producer.produce("events", struct.pack(">d", time.time()) + b"x" * 92)
-                producer.poll(0)
-            producer.flush(30)
-            time.sleep(1.5)
-            stop.set()
-            reader.join(10)
-            consumer.close()
-            latencies.sort()
-            out[f"e2e_{rate}_records"] = len(latencies)
-            out[f"e2e_{rate}_p50_ms"] = round(latencies[len(latencies) // 2] * 1e3, 3)
-            out[f"e2e_{rate}_p99_ms"] = round(latencies[int(len(latencies) * 0.99)] * 1e3, 3)
+            run = e2e_once(f"127.0.0.1:{port}", "events", 1, rate, seconds)
+            out.update({f"e2e_{rate}_{k}": v for k, v in run.items()})
     finally:
         _end(proc)
     return out
 
 
 # -- a Ray actor call ---------------------------------------------------------------------
-def ray_call(calls: int) -> dict:
+def time_ray_calls(calls: int) -> dict:
+    """p50 / p99 of an empty method call on a fresh actor of the Ray this process uses."""
     import ray
-
-    from actors import raycompat
 
     @ray.remote(num_cpus=0)
     class Pinger:
         def ping(self):
             return None
 
+    pinger = Pinger.remote()
+    ray.get(pinger.ping.remote())
+    times = []
+    for i in range(calls + 100):
+        t0 = time.perf_counter_ns()
+        ray.get(pinger.ping.remote())
+        if i >= 100:
+            times.append(time.perf_counter_ns() - t0)
+    ray.kill(pinger)
+    p50, p99 = _percentiles_ms(times)
+    return {"ray_call_p50_ms": p50, "ray_call_p99_ms": p99}
+
+
+def ray_call(calls: int) -> dict:
+    import ray
+
+    from actors import raycompat
     raycompat.init_local(f"wire-bench-{os.getpid()}")
     try:
-        pinger = Pinger.remote()
-        ray.get(pinger.ping.remote())
-        times = []
-        for i in range(calls + 100):
-            t0 = time.perf_counter_ns()
-            ray.get(pinger.ping.remote())
-            if i >= 100:
-                times.append(time.perf_counter_ns() - t0)
-        p50, p99 = _percentiles_ms(times)
-        return {"ray_call_p50_ms": p50, "ray_call_p99_ms": p99}
+        return time_ray_calls(calls)
     finally:
         ray.shutdown()
 
