@@ -162,3 +162,27 @@ def test_close_ends_the_notifier_and_the_channels(setup):
     assert not link.channel.alive
     assert not any(t.name == "broker-0-notifier" and t.is_alive()
                    for t in threading.enumerate())
+
+
+def test_listener_settings_follow_kafkas_listeners_config():
+    """Default: the node's address on a free port; a fixed port P puts broker i on P+i; a
+    wildcard binds everything and advertises the node; advertised.listeners wins; Kafka's
+    socket settings pass through; anything but PLAINTEXT is refused."""
+    from actors.errors import IllegalArgumentError
+    from actors.server.broker import listener_settings
+    server, host, port = listener_settings(2, {}, "10.0.0.5")
+    assert (server.host, server.port, host, port) == ("10.0.0.5", 0, None, None)
+    server, host, port = listener_settings(
+        2, {"listeners": "PLAINTEXT://127.0.0.1:9092", "socket.request.max.bytes": "1024",
+            "queued.max.request.bytes": "4096", "num.io.threads": "0"}, "10.0.0.5")
+    assert (server.host, server.port, host, port) == ("127.0.0.1", 9094, None, None)
+    assert (server.socket_request_max_bytes, server.io_threads) == (1024, 0)
+    server, host, port = listener_settings(1, {"listeners": "PLAINTEXT://0.0.0.0:0"},
+                                           "10.0.0.5")
+    assert (server.host, server.port, host, port) == ("0.0.0.0", 0, "10.0.0.5", None)
+    server, host, port = listener_settings(1, {
+        "listeners": "PLAINTEXT://0.0.0.0:9000",
+        "advertised.listeners": "PLAINTEXT://kafka.example:19000"}, "10.0.0.5")
+    assert (server.port, host, port) == (9001, "kafka.example", 19001)
+    with pytest.raises(IllegalArgumentError, match="PLAINTEXT"):
+        listener_settings(0, {"listeners": "SSL://127.0.0.1:9093"}, None)

@@ -82,13 +82,15 @@ def _host_port(listener: str, setting: str) -> tuple[str, int]:
 def listener_settings(broker_id: int, config: dict, node_host: str | None
                       ) -> tuple[SocketServerConfig, str | None, int | None]:
     """(the listener's settings, the host and port to advertise (None: the bound ones))
-    of broker ``broker_id`` from the cluster's config (pure). ``listeners`` is Kafka's
-    (default ``PLAINTEXT://127.0.0.1:0``, port 0 = a free port); a fixed port P puts
-    broker i on P+i, so one cluster config serves every broker of a machine (what
-    ``raykafka start --port P`` sets). A wildcard host (0.0.0.0, ::, empty) binds every
-    address and advertises the node's; ``advertised.listeners`` overrides (its port, when
-    not 0, offset the same way)."""
-    host, port = _host_port(config.get("listeners", "PLAINTEXT://127.0.0.1:0"), "listeners")
+    of broker ``broker_id`` from the cluster's config (pure). ``listeners`` is Kafka's;
+    by default the node's address and port 0 (a free port): ``PLAINTEXT://127.0.0.1:0``
+    on the embedded default's local Ray, the worker's IP on a multi-node Ray. A fixed port
+    P puts broker i on P+i, so one cluster config serves every broker of a machine (what
+    ``raykafka start --port P`` is to set). A wildcard host (0.0.0.0, ::, empty) binds
+    every address and advertises the node's; ``advertised.listeners`` overrides (its
+    port, when not 0, offset the same way)."""
+    host, port = _host_port(config.get("listeners")
+                            or f"PLAINTEXT://{node_host or '127.0.0.1'}:0", "listeners")
     props = {k: config[k] for k in _LISTENER_SETTINGS if k in config}
     server = SocketServerConfig.from_properties(
         props, host=host or "0.0.0.0", port=port + broker_id if port else 0,
