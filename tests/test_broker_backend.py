@@ -186,3 +186,23 @@ def test_listener_settings_follow_kafkas_listeners_config():
     assert (server.port, host, port) == (9001, "kafka.example", 19001)
     with pytest.raises(IllegalArgumentError, match="PLAINTEXT"):
         listener_settings(0, {"listeners": "SSL://127.0.0.1:9093"}, None)
+
+
+def test_a_replica_that_does_not_answer_times_the_read_out(setup, monkeypatch):
+    """A channel fetch that gets no answer fails the read with KafkaTimeoutError after
+    READ_TIMEOUT_S (REQUEST_TIMED_OUT on the wire) instead of holding the handler."""
+    import concurrent.futures
+
+    from actors.errors import KafkaTimeoutError
+    from actors.server import broker_backend
+    backend, _, leader, _, _ = setup
+    leader.produce(build([b"x"]), acks=1)                # offset 0 is below the HW
+    backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)
+    link = backend._links[("t", 0)]
+    monkeypatch.setattr(broker_backend, "READ_TIMEOUT_S", 0.2)
+    link.channel.fetch = lambda *a, **k: concurrent.futures.Future()   # never answered
+    started = time.monotonic()
+    with pytest.raises(KafkaTimeoutError):
+        backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)
+    assert time.monotonic() - started < 2
+    assert backend._links[("t", 0)] is link          # the channel itself still works

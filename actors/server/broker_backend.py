@@ -252,8 +252,9 @@ class BrokerBackend:
     def _check(self, topic: str, partition: int, link: _Link, future) -> None:
         """After a failed request: a channel that died is dropped (the next request opens
         a new one); a replica's own refusal (NotLeader...) leaves it as it is."""
-        if future.cancelled() or future.exception() is None or link.channel.alive:
-            return
+        if (link.channel.alive or not future.done() or future.cancelled()
+                or future.exception() is None):
+            return                 # (not done: a read that timed out waits for nothing)
         with self._lock:
             if self._links.get((topic, partition)) is link:
                 del self._links[(topic, partition)]
