@@ -25,11 +25,11 @@ fi
 # lacks that package ("WARNING: Location 'file:///.../six/' is ignored: it is neither a
 # file nor a directory."). Those lines say nothing about this install and are left out;
 # every other warning and error of pip's reaches the terminal.
+# A pipeline, not a process substitution: its filter has ended when the function returns,
+# and with pipefail the function's status is pip's (the filter's own is ignored).
+PIP_NOISE="^WARNING: Location 'file://[^']*' is ignored: it is neither a file nor a directory\.$"
 quiet_pip() {
-  local status=0
-  "$@" 2> >(grep -v -E "^WARNING: Location 'file://[^']*' is ignored: it is neither a file nor a directory\.$" >&2) || status=$?
-  wait $! 2>/dev/null || true     # the filter's last lines are out before what comes next
-  return $status
+  { "$@" 2>&1 1>&3 3>&- | { grep -v -E "$PIP_NOISE" >&2 || true; }; } 3>&1
 }
 
 PY=${PYTHON:-python3}
