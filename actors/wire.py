@@ -794,7 +794,10 @@ def _read(api_key: int, kind: str, version: int, frame, pos: int,
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"{API_NAMES.get(api_key, api_key)} v{version} {kind}: "
                                   f"truncated or malformed ({exc})", header) from None
-    if pos != end:
+    # A request may carry bytes after the fields its version names: Kafka's broker reads
+    # those fields and ignores the rest, and clients rely on it (librdkafka's all-topics
+    # Metadata v12 carries 3 such bytes). A response must be exactly its fields.
+    if pos != end and kind != "request":
         raise InvalidRequestError(f"{API_NAMES[api_key]} v{version} {kind}: {end - pos} "
                                   f"bytes after the body", header)
     return body

@@ -272,11 +272,26 @@ def test_overlong_uvarint_and_bad_utf8_raise_invalid_request():
                             struct.pack(">i", -1))
 
 
-def test_trailing_bytes_are_refused():
-    """A body followed by bytes it does not account for is not a valid request."""
-    frame = _produce_frame(3) + b"\x00"
+def test_bytes_after_a_request_body_are_ignored_as_kafka_does():
+    """A request body followed by bytes its version does not name is read as Kafka's broker
+    reads it (its fields, the rest ignored): librdkafka's all-topics Metadata v12 body
+    carries 3 such bytes after its tagged fields."""
+    header, body = wire.decode_request(_produce_frame(3) + b"\x00")
+    assert header.api_key == wire.PRODUCE and body == wire.decode_request(_produce_frame(3))[1]
+    librdkafka = (struct.pack(">hhih", wire.METADATA, 12, 3, 7) + b"rdkafka" + b"\x00"
+                  + b"\x00\x00\x00\x00\x01\x00\x00")
+    header, body = wire.decode_request(librdkafka)
+    assert (header.api_version, header.client_id) == (12, "rdkafka")
+    assert body["topics"] is None and body["allow_auto_topic_creation"] is False
+
+
+def test_bytes_after_a_response_body_are_refused():
+    """A response is exactly its fields: trailing bytes make it invalid."""
+    header = wire.RequestHeader(wire.API_VERSIONS, 0, 5, "t")
+    raw = wire.encode_response(header, wire.api_versions_error_body())[4:]
+    assert wire.decode_response(wire.API_VERSIONS, 0, raw)[0] == 5
     with pytest.raises(wire.InvalidRequestError, match="after the body"):
-        wire.decode_request(frame)
+        wire.decode_response(wire.API_VERSIONS, 0, raw + b"\x00")
 
 
 def test_unknown_api_key_or_version_raises_with_the_header():
