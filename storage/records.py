@@ -793,15 +793,14 @@ class _Scan(NamedTuple):
 
 
 def _scan(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-          skip_control_batches: bool = False, in_place: bool = False) -> _Scan:
+          skip_control_batches: bool = False) -> _Scan:
     """Walk every record of the v2 batches in ``buf`` and check its structure: framing and
     CRC of each batch, records filling their batch exactly, each record's varints bounded,
     key and value inside the record, a non-negative header count, and the record ending
     where its length says (checked here for records without headers; ``_check_headers``
     or ``_parse_headers`` does it for the others). Builds no per-record Python objects."""
     return _scan_gathered(*_gather(buf, max_decompressed_bytes=max_decompressed_bytes,
-                                   skip_control_batches=skip_control_batches,
-                                   in_place=in_place))
+                                   skip_control_batches=skip_control_batches))
 
 
 def _scan_gathered(batches: list, data, region_starts: list, region_ends: list) -> _Scan:

@@ -357,7 +357,7 @@ class PartitionReplica:
         passes the batch (docs/replication.md lists every other answer)."""
         result, leadership = self.append_as_leader(batch, acks)
         if acks == -1 and not self.acked(result.last_offset):
-            self._await_replication(result.last_offset, leadership, timeout_ms)
+            self.await_acks(result.last_offset, leadership, timeout_ms)
         return result
 
     def append_as_leader(self, batch, acks: int = -1) -> tuple[ProduceResult, int]:
@@ -386,10 +386,8 @@ class PartitionReplica:
         return self._hw > last_offset
 
     def await_acks(self, last_offset: int, leadership: int, timeout_ms: int) -> None:
-        """The wait half of an acks=-1 ``produce`` (see ``append_as_leader``)."""
-        self._await_replication(last_offset, leadership, timeout_ms)
-
-    def _await_replication(self, last_offset: int, leadership: int, timeout_ms: int) -> None:
+        """The wait half of an acks=-1 ``produce`` (see ``append_as_leader``): until the HW
+        passes ``last_offset``, or the typed error that ends the wait."""
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         with self._lock:
             while True:
