@@ -112,6 +112,11 @@ class RequestTimedOutError(RetriableError):
     pass
 
 
+class NetworkError(RetriableError):
+    """The connection to a broker broke or could not be made (Kafka's NETWORK_EXCEPTION):
+    the request may or may not have been applied; clients refresh metadata and retry."""
+
+
 class IllegalStateError(KafkaError):
     """An operation on a closed client, or in a state that does not allow it."""
 
@@ -185,6 +190,7 @@ __all__ = [
     "InvalidRecordError", "KafkaStorageError", "OffsetOutOfRangeError", "RecordTooLargeError",
     "UnsupportedCodecError", "UnsupportedVersionError", "InvalidTopicError",
     "TopicAlreadyExistsError", "UnknownTopicOrPartitionError", "InvalidPartitionsError",
+    "NetworkError",
     "InvalidReplicationFactorError", "InvalidReplicaAssignmentError",
     "ReassignmentInProgressError",
     "NotLeaderForPartitionError", "LeaderNotAvailableError", "NotEnoughReplicasError",

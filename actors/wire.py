@@ -1056,6 +1056,7 @@ _TYPED = {
     "InvalidUpdateVersionError": "INVALID_UPDATE_VERSION",
     "InconsistentClusterIdError": "INCONSISTENT_CLUSTER_ID",
     "KafkaTimeoutError": "REQUEST_TIMED_OUT",       # the client's own; the wire's is 7
+    "NetworkError": "NETWORK_EXCEPTION",
 }
 _CLASS_CODES: dict[type, int] = {}
 _CODE_CLASSES: dict[int, type] = {}
