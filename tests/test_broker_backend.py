@@ -206,3 +206,40 @@ def test_a_replica_that_does_not_answer_times_the_read_out(setup, monkeypatch):
         backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)
     assert time.monotonic() - started < 2
     assert backend._links[("t", 0)] is link          # the channel itself still works
+
+
+def test_follower_and_consumer_fetches_at_the_tail_are_answered_from_the_pushed_batches(
+        tmp_path):
+    """With a follower: after an append, a follower fetch and then a consumer fetch get the
+    batch from the tail the watch pushed (no channel read or replica fetch), and the
+    follower's position still reaches the leader replica (the HW moves past the batch)."""
+    lookup = _Lookup()
+    leader = PartitionReplica("t", 0, 0, str(tmp_path), {})
+    leader.become_leader(3, [0, 1], [0, 1])
+    lookup.replicas[("t", 0)] = leader
+    metadata = {"controller_id": 0, "brokers": {0: {"host": "127.0.0.1", "port": 9092}},
+                "topics": {"t": {0: {"leader": 0, "leader_epoch": 3, "isr": [0, 1],
+                                     "replicas": [0, 1]}}}}
+    backend = BrokerBackend(0, metadata=lambda: metadata,
+                            leader_epochs=lambda: {("t", 0): 3}, replicas=lookup,
+                            endpoint=BrokerEndpoint(0, "127.0.0.1", 9092))
+    try:
+        batch = build([b"r0", b"r1"])
+        wait(backend.append("t", 0, memoryview(batch), acks=1, timeout_ms=5000), 5)
+        link = backend._links[("t", 0)]
+        deadline = time.monotonic() + 5
+        while link.tail_end != 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        link.channel.fetch = link.channel.replica_fetch = None   # a read would fail now
+        got = backend.read("t", 0, 0, 1 << 20, replica_id=1, isolation_level=0)
+        assert bytes(got.data) == leader.log.read(0, 1 << 20)
+        # the follower now has both records: its next fetch says so, the HW moves
+        backend.read("t", 0, 2, 1 << 20, replica_id=1, isolation_level=0)
+        while link.high_watermark != 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert leader.high_watermark == 2 and link.high_watermark == 2
+        seen = backend.read("t", 0, 0, 1 << 20, replica_id=-1, isolation_level=0)
+        assert [r.value for r in decode_records(bytes(seen.data))] == [b"r0", b"r1"]
+    finally:
+        backend.close()
+        leader.stop()

@@ -256,6 +256,73 @@ def test_a_long_poll_fetch_is_answered_when_data_arrives(cluster):
     assert answered_after < 3.0 and took < 6.0
 
 
+def test_fuzzed_frames_at_every_broker_lose_nothing_acknowledged(cluster):
+    """Thousands of random and mutated frames (oversized sizes, garbage, flipped bytes in
+    valid Produce/Fetch/Metadata/ListOffsets/OffsetForLeaderEpoch requests) sent to all
+    three brokers' listeners while confluent-kafka produces with acks=all to an RF=3 topic:
+    every acknowledged record is read back once, in order, and every broker still answers
+    Metadata afterwards."""
+    import random
+    import threading
+
+    from storage.records import build
+    from tests.fuzz_helpers import mutated_frames, send_round
+    topic = _topic(cluster, "fuzzed", 1, 3)
+    rng = random.Random(21)
+    fetch = {"replica_id": -1, "max_wait_ms": 50, "min_bytes": 1, "max_bytes": 1 << 20,
+             "isolation_level": 0, "session_id": 0, "session_epoch": -1, "topics": [
+                 {"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                                                  "fetch_offset": 0, "log_start_offset": -1,
+                                                  "partition_max_bytes": 1 << 20}]}],
+             "forgotten_topics_data": []}
+    valid = [wire.encode_request(wire.RequestHeader(key, version, 5, "fuzz"), body)
+             for key, version, body in (
+                 (wire.PRODUCE, 9, {"acks": 1, "timeout_ms": 100, "topic_data": [
+                     {"name": "fuzz-junk", "partition_data": [
+                         {"index": 0, "records": bytes(build([b"junk"]))}]}]}),
+                 (wire.FETCH, 12, fetch),
+                 (wire.METADATA, 12, {"topics": None}),
+                 (wire.LIST_OFFSETS, 7, {"topics": [{"name": topic, "partitions": [
+                     {"partition_index": 0, "timestamp": -1}]}]}),
+                 (wire.OFFSET_FOR_LEADER_EPOCH, 4, {"topics": [{"topic": topic, "partitions": [
+                     {"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]}]}))]
+    addresses = [(h, int(p)) for h, p in
+                 (a.rsplit(":", 1) for a in cluster.bootstrap_servers.split(","))]
+    delivered, errors = [], []
+    done = threading.Event()
+
+    def produce():
+        producer = ck.Producer({"bootstrap.servers": cluster.bootstrap_servers,
+                                "acks": "all", "linger.ms": 1, "message.timeout.ms": 60000})
+        for i in range(2000):
+            producer.produce(topic, value=b"r%d" % i, partition=0,
+                             on_delivery=lambda err, msg: (errors if err else delivered)
+                             .append(err or msg.value()))
+            if i % 100 == 0:
+                producer.poll(0.02)
+        producer.flush(90)
+        done.set()
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    sent = 0
+    while (not done.is_set() or sent < 1500) and sent < 20000:
+        frames = mutated_frames(rng, valid, garbage=0.25, bad_size=0.05)
+        sent += len(frames)
+        send_round(rng.choice(addresses), frames)
+    writer.join(120)
+    assert errors == [] and len(delivered) == 2000
+    got = _consume_confluent(cluster, topic, 1, 2000)
+    assert [v for _, _, v in got[0]] == delivered
+    assert sorted(delivered) == sorted(b"r%d" % i for i in range(2000))
+    for address in addresses:
+        with socket.create_connection(address, timeout=10) as sock:
+            sock.sendall(wire.encode_request(wire.RequestHeader(wire.METADATA, 12, 9, "after"),
+                                             {"topics": None}))
+            size = struct.unpack(">i", sock.recv(4))[0]
+            assert size > 0
+
+
 def test_a_killed_leader_gives_retriable_errors_and_the_producer_goes_on(cluster):
     """With a librdkafka producer writing acks=all to an RF=3 topic, killing the leader's
     broker makes its requests fail retriably; the producer refreshes its metadata, finds

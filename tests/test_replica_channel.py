@@ -191,13 +191,16 @@ def test_wait_gives_up_with_kafka_timeout_error():
         wait(concurrent.futures.Future(), 0.05)
 
 
-def _watched(chan):
-    """Start a watch; returns (list of (hw, leo) seen, a condition signalled per event)."""
+def _watched(chan, events=None):
+    """Start a watch; returns (list of (hw, leo) seen, a condition signalled per event);
+    every WatchEvent also goes to ``events`` when given."""
     seen, cond = [], threading.Condition()
 
-    def on_change(hw, leo):
+    def on_change(ev):
         with cond:
-            seen.append((hw, leo))
+            seen.append((ev.high_watermark, ev.log_end_offset))
+            if events is not None:
+                events.append(ev._replace(data=bytes(ev.data)))
             cond.notify_all()
     wait(chan.watch(on_change), 5)
     return seen, cond
@@ -254,3 +257,87 @@ def test_a_watch_ends_with_an_error_when_the_replica_stops(tmp_path):
     assert not chan.alive
     with pytest.raises(NotLeaderForPartitionError):
         wait(chan.fetch(0, 1024), 5)
+
+
+def test_a_watch_pushes_the_appended_batches_in_order_without_gaps(tmp_path):
+    """Each push carries the batches appended since the previous one ([base, end), whole
+    batches, the bytes the log holds): together they are the log from the watch's start."""
+    replica = PartitionReplica("tail", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0], [0])
+        replica.produce(build([b"before"]), 1, 1000)          # not pushed: before the watch
+        chan = ReplicaChannel(replica.channel_address())
+        events = []
+        seen, cond = _watched(chan, events)
+        for i in range(30):
+            wait(chan.produce(build([b"v%d-%d" % (i, j) for j in range(3)]), acks=1), 5)
+        _until(cond, lambda: seen[-1][1] == 91)
+        first = events[0]
+        assert (first.base, first.end, first.data) == (1, 1, b"")
+        end = 1
+        for ev in events:
+            assert ev.base == end
+            end = ev.end
+        assert end == 91
+        pushed = b"".join(ev.data for ev in events)
+        assert pushed == replica.log.read(1, 1 << 20)
+        chan.close()
+    finally:
+        replica.stop()
+
+
+def test_a_watch_push_tells_the_broker_the_replica_was_demoted(tmp_path):
+    """Becoming a follower changes the pushed leadership: the broker's cue that this link
+    (and the tail it cached) no longer speaks for a leader."""
+    replica = PartitionReplica("demote", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0], [0])
+        chan = ReplicaChannel(replica.channel_address())
+        events = []
+        _, cond = _watched(chan, events)
+        replica.become_follower(1, 1, [1], [0, 1], fetch=False)
+        _until(cond, lambda: len({ev.leadership for ev in events}) == 2)
+        chan.close()
+    finally:
+        replica.stop()
+
+
+def test_a_position_moves_the_high_watermark_without_an_answer(tmp_path):
+    """POSITION (a follower fetch the broker answered from its cache) records the
+    follower's offset at the leader: the HW passes what both replicas have."""
+    replica = PartitionReplica("pos", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0, 1], [0, 1])
+        chan = ReplicaChannel(replica.channel_address())
+        wait(chan.produce(build([b"a", b"b", b"c"]), acks=1), 5)
+        assert replica.high_watermark == 0
+        assert chan.position(1, 0, 3) is None
+        deadline = time.monotonic() + 5
+        while replica.high_watermark != 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert replica.high_watermark == 3
+        chan.close()
+    finally:
+        replica.stop()
+
+
+def test_apply_appends_as_the_follower_and_refuses_another_generation(tmp_path):
+    """APPLY appends the leader's batches with their offsets at the follower and answers
+    its new (LEO, HW); with a stale generation it appends nothing and answers None."""
+    leader = PartitionReplica("apply", 0, 0, str(tmp_path / "l"), {})
+    follower = PartitionReplica("apply", 0, 1, str(tmp_path / "f"), {})
+    try:
+        leader.become_leader(0, [0, 1], [0, 1])
+        leader.produce(build([b"x", b"y"]), 1, 1000)
+        state = follower.become_follower(0, 0, [0, 1], [0, 1], fetch=False)
+        assert state["fetcher_alive"] is False
+        chan = ReplicaChannel(follower.channel_address())
+        batches = leader.log.read(0, 1 << 20)
+        assert wait(chan.apply(state["generation"], 0, 1, 0, batches), 5) == (2, 1)
+        assert follower.log.read(0, 1 << 20) == batches
+        assert wait(chan.apply(state["generation"] + 1, 2, 2, 0, batches), 5) is None
+        assert follower.log.log_end_offset == 2
+        chan.close()
+    finally:
+        leader.stop()
+        follower.stop()

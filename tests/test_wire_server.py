@@ -20,6 +20,7 @@ from actors.server.handlers import Purgatory, DelayedOperation
 from actors.server.log_backend import LocalBroker
 from actors.server.network import SocketServer, SocketServerConfig
 from storage.records import build, decode_records
+from tests.fuzz_helpers import mutated_frames, send_round
 
 _SIZE = struct.Struct(">i")
 
@@ -657,24 +658,7 @@ def test_fuzzed_frames_while_a_producer_writes_lose_nothing_acknowledged(broker)
     writer = threading.Thread(target=produce)
     writer.start()
     for _ in range(300):
-        frames = []
-        for _ in range(10):
-            frame = bytearray(rng.choice(valid))
-            if rng.random() < 0.3:
-                frame = bytearray(os.urandom(rng.randrange(1, 200)))
-            else:
-                for _ in range(rng.randrange(1, 4)):
-                    frame[rng.randrange(len(frame))] = rng.randrange(256)
-            frames.append(bytes(frame))
-        try:
-            with socket.create_connection(broker.server.address, timeout=5) as sock:
-                sock.sendall(b"".join(frames))
-                sock.shutdown(socket.SHUT_WR)
-                sock.settimeout(0.5)
-                while sock.recv(65536):
-                    pass
-        except OSError:
-            pass                        # reset or timed out: the broker chose to drop us
+        send_round(broker.server.address, mutated_frames(rng, valid))
     writer.join(120)
     assert failures == [] and len(acked) == 1000
     stored = [r.value for r in decode_records(broker.backend.log("events", 1).read(0, 1 << 24))]

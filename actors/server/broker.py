@@ -42,6 +42,8 @@ from ..protocol import (OFFSETS_TOPIC, broker_actor_name, controller_actor_name,
                         group_coordinator_actor_name, unwrap)
 from .admin_manager import AdminManager
 from .broker_backend import BrokerBackend, RayReplicaLookup
+from .broker_fetcher import BrokerFetcherManager, RayLocalReplicas
+from .fetcher import FetcherSettings
 from .controller import Controller
 from .group_coordinator import GroupCoordinator
 from .group_offsets import offsets_partition
@@ -150,6 +152,11 @@ class Broker:
         self.replica_manager = ReplicaManager(
             broker_id, self.data_dir, self.config,
             RayReplicaActors(self.namespace, broker_id, self.data_dir))
+        # replication over Kafka's Fetch: one thread per leader broker (broker_fetcher.py)
+        self.fetchers = BrokerFetcherManager(
+            broker_id, FetcherSettings.from_config(self.config), self._endpoint,
+            RayLocalReplicas(self.namespace))
+        self.replica_manager.fetchers = self.fetchers
         self.admin: AdminManager | None = None          # once ZooKeeper is connected
         self._lock = threading.Lock()                   # guards metadata and its stamp
         self.metadata: dict = {"topics": {}, "brokers": {}, "controller_id": -1,
@@ -268,6 +275,19 @@ class Broker:
                     part.close()
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     log.exception("broker %d: closing %r", self.broker_id, part)
+
+    def _endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        """A broker's Kafka listener (host, port), from the controller's metadata."""
+        brokers = self.metadata.get("brokers") or {}
+        info = brokers.get(broker_id) or brokers.get(str(broker_id))
+        if not info or not int(info.get("port") or 0):
+            return None
+        return info["host"], int(info["port"])
+
+    def fetcher_status(self) -> list[dict]:
+        """This broker's fetcher threads: per leader broker, the partitions it follows
+        there and where each stands (tests, tools)."""
+        return self.fetchers.status()
 
     def listener(self) -> dict:
         """This broker's Kafka listener: ``{"host", "port"}`` as registered."""
@@ -416,6 +436,7 @@ class Broker:
     def shutdown(self) -> None:
         """A clean stop: controller role handed over, logs closed, registration removed."""
         self._stopping.set()
+        self.fetchers.close()
         self._stop_listener()
         if self.controller is not None:
             try:

@@ -29,16 +29,19 @@ lock is held while a replica or channel is waited on.
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import logging
+import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from ..errors import (LeaderNotAvailableError, NotLeaderForPartitionError,
+from ..errors import (KafkaError, LeaderNotAvailableError, NotLeaderForPartitionError,
                       UnknownTopicOrPartitionError)
 from ..protocol import EpochEndOffset, FetchResult, unwrap
-from .handlers import BrokerEndpoint, PartitionMetadata
+from .handlers import BrokerEndpoint, NeedsReplica, PartitionMetadata
 from .log_backend import list_offset_in_log
 from .replica_channel import ReplicaChannel, wait
 
@@ -64,21 +67,41 @@ class ReplicaLookup(Protocol):
     def end_offset_for_epoch(self, handle, leader_epoch: int) -> EpochEndOffset: ...
 
 
+_BATCH_HEAD = struct.Struct(">qi")          # base offset, batch length (after these 12)
+_LAST_DELTA = struct.Struct(">i")           # last offset delta, at byte 23 of a v2 batch
+#: The newest batches a broker keeps of each partition it leads (pushed by the replica's
+#: watch), from which follower fetches and consumer fetches at the tail are answered
+#: without a round trip to the replica.
+TAIL_CACHE_BYTES = 1 << 20
+#: A follower's position is told to the leader replica when it moved, or at least this
+#: often while it fetches (the leader's ISR check needs to hear from caught-up followers).
+POSITION_EVERY_S = 0.1
+
+
 @dataclass
 class _Link:
-    """One hosted replica's channel and what its watch last said (-1: nothing yet)."""
+    """One hosted replica's channel, what its watch last said (-1: nothing yet), and the
+    tail of its log the watch pushed: whole batches ``[tail_start, tail_end)``."""
 
     handle: Any
     leader_epoch: int                     # a new leadership gets a new link (and watch)
     channel: ReplicaChannel
     high_watermark: int = -1
     log_end_offset: int = -1
-    log_start_offset: int = -1            # from the last fetch answer
+    log_start_offset: int = -1
+    leadership: int | None = None         # the replica's, at the first push
+    stale: bool = False                   # the replica stopped leading: open a new link
+    tail_start: int = -1
+    tail_end: int = -1
+    tail_bytes: int = 0
+    lasts: list = field(default_factory=list)     # per cached batch: its last offset
+    batches: list = field(default_factory=list)   # per cached batch: its bytes
+    reported: dict = field(default_factory=dict)  # follower -> (offset, monotonic time)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def usable(self, handle, leader_epoch: int) -> bool:
         return (self.handle is handle and self.leader_epoch == leader_epoch
-                and self.channel.alive)
+                and self.channel.alive and not self.stale)
 
     def saw(self, hw: int, leo: int, log_start: int | None = None) -> None:
         with self.lock:
@@ -87,6 +110,70 @@ class _Link:
             self.log_end_offset = max(self.log_end_offset, leo)
             if log_start is not None:
                 self.log_start_offset = max(self.log_start_offset, log_start)
+
+    def pushed(self, ev) -> None:
+        """A watch push (replica_channel.WatchEvent), on the channel's reader thread."""
+        with self.lock:
+            self.high_watermark = max(self.high_watermark, ev.high_watermark)
+            self.log_end_offset = max(self.log_end_offset, ev.log_end_offset)
+            self.log_start_offset = max(self.log_start_offset, ev.log_start_offset)
+            if self.leadership is None:
+                self.leadership = ev.leadership
+            elif ev.leadership != self.leadership:
+                self.stale = True                 # demoted or fenced: this link is done
+            if ev.base != self.tail_end:          # the first push, or a gap: start over
+                self.lasts, self.batches, self.tail_bytes = [], [], 0
+                self.tail_start = ev.base
+            data, pos = ev.data, 0
+            while pos + 27 <= len(data):
+                base, length = _BATCH_HEAD.unpack_from(data, pos)
+                size = 12 + length
+                last, = _LAST_DELTA.unpack_from(data, pos + 23)
+                self.lasts.append(base + last)
+                self.batches.append(data[pos:pos + size])
+                self.tail_bytes += size
+                pos += size
+            self.tail_end = ev.end
+            while self.tail_bytes > TAIL_CACHE_BYTES and len(self.batches) > 1:
+                self.tail_bytes -= len(self.batches[0])
+                self.tail_start = self.lasts[0] + 1
+                del self.lasts[0], self.batches[0]
+
+    def cached(self, offset: int, max_bytes: int, limit: int | None):
+        """The batches from the one holding ``offset`` whose last offset is below ``limit``
+        (the HW for a consumer; None: the log end, for a follower), about ``max_bytes`` of
+        them but at least one: ``(bytes, hw, log_start, leo)``; None when the cache does
+        not hold ``offset`` (the replica is asked)."""
+        with self.lock:
+            # only a tail that reaches what the replica would answer up to (the HW, or its
+            # log end) answers: a push still on its way must not hide acknowledged records
+            needed = self.log_end_offset if limit is None else limit
+            if (self.stale or self.tail_start < 0 or offset < self.log_start_offset
+                    or not self.tail_start <= offset <= self.tail_end
+                    or self.tail_end < needed):
+                return None
+            i = bisect.bisect_left(self.lasts, offset)
+            out, size = [], 0
+            while i < len(self.batches) and max_bytes >= 0:
+                if limit is not None and self.lasts[i] >= limit:
+                    break
+                n = len(self.batches[i])
+                if out and size + n > max_bytes:
+                    break
+                out.append(self.batches[i])
+                size += n
+                i += 1
+            data = out[0] if len(out) == 1 else b"".join(out)
+            return (data if out else b"", self.high_watermark, self.log_start_offset,
+                    self.log_end_offset)
+
+    def should_report(self, follower: int, offset: int, now: float) -> bool:
+        with self.lock:
+            last = self.reported.get(follower)
+            if last is not None and last[0] == offset and now - last[1] < POSITION_EVERY_S:
+                return False
+            self.reported[follower] = (offset, now)
+            return True
 
 
 class BrokerBackend:
@@ -179,20 +266,47 @@ class BrokerBackend:
                timeout_ms: int) -> concurrent.futures.Future:
         link = self._link(topic, partition)        # not the leader here: refused at once
         future = link.channel.produce(records, acks, timeout_ms)
-        future.add_done_callback(lambda f: self._check(topic, partition, link, f))
+        future.add_done_callback(lambda f: self._check(topic, partition, link, f, acks))
         return future
 
+    def linked(self, topic: str, partition: int) -> bool:
+        """Is there a working channel to the partition's leader replica (in the epoch this
+        broker leads it in)? A produce to a partition without one may wait for Ray."""
+        link = self._links.get((topic, partition))
+        if link is None:
+            return False
+        try:
+            return link.usable(self._replicas.handle(topic, partition),
+                               self.leader_epoch(topic, partition))
+        except KafkaError:
+            return True                  # not the leader here: refused at once, no wait
+
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, *,
-             replica_id: int, isolation_level: int) -> FetchResult:
+             replica_id: int, isolation_level: int,
+             cached_only: bool = False) -> FetchResult:
+        if cached_only and not self.linked(topic, partition):
+            raise NeedsReplica()
         link = self._link(topic, partition)
-        if replica_id < 0:
-            with link.lock:
-                hw, leo, start = (link.high_watermark, link.log_end_offset,
-                                  link.log_start_offset)
-            if offset == hw >= 0 and start >= 0:   # nothing committed past it yet
-                return FetchResult(b"", hw, start, leo)
-        isolation = "log_end" if replica_id >= 0 else "high_watermark"
-        future = link.channel.fetch(offset, max_bytes, 0, 1, isolation=isolation)
+        if replica_id >= 0:
+            # a follower broker's fetch: the leader replica records the follower's position
+            # (HW, ISR); the batches come from the pushed tail when it holds them, else
+            # from the replica, up to its log end. The waiting is the purgatory's.
+            got = link.cached(offset, max_bytes, None)
+            if got is not None:
+                if link.should_report(replica_id, offset, time.monotonic()):
+                    link.channel.position(replica_id, link.leader_epoch, offset)
+                return FetchResult(*got)
+            if cached_only:
+                raise NeedsReplica()
+            future = link.channel.replica_fetch(replica_id, link.leader_epoch, offset,
+                                                max_bytes)
+        else:
+            got = link.cached(offset, max_bytes, link.high_watermark)
+            if got is not None:
+                return FetchResult(*got)
+            if cached_only:
+                raise NeedsReplica()
+            future = link.channel.fetch(offset, max_bytes, 0, 1)
         try:
             result = wait(future, READ_TIMEOUT_S)
         except Exception:
@@ -242,26 +356,36 @@ class BrokerBackend:
                     f"broker {self.broker_id}: the replica of {topic}-{partition} gave no "
                     f"channel ({type(error).__name__}: {error})") from None
             new = _Link(handle, epoch, channel)
-            channel.watch(lambda hw, leo: self._watched(key, new, hw, leo))
+            channel.watch(lambda ev: self._watched(key, new, ev))
             with self._lock:
                 old, self._links[key] = self._links.get(key), new
         if old is not None:
             old.channel.close()
         return new
 
-    def _check(self, topic: str, partition: int, link: _Link, future) -> None:
-        """After a failed request: a channel that died is dropped (the next request opens
-        a new one); a replica's own refusal (NotLeader...) leaves it as it is."""
-        if (link.channel.alive or not future.done() or future.cancelled()
-                or future.exception() is None):
+    def _check(self, topic: str, partition: int, link: _Link, future,
+               acks: int | None = None) -> None:
+        """After a request: an acks=all produce that succeeded moved the HW past its
+        batch (known here before its client hears of it, so a fetch after the answer sees
+        the records); a channel that died is dropped (the next request opens a new one); a
+        replica's own refusal (NotLeader...) leaves it as it is."""
+        if not future.done() or future.cancelled():
             return                 # (not done: a read that timed out waits for nothing)
+        error = future.exception()
+        if error is None:
+            if acks == -1:
+                result = future.result()
+                link.saw(result.last_offset + 1, result.last_offset + 1)
+            return
+        if link.channel.alive:
+            return
         with self._lock:
             if self._links.get((topic, partition)) is link:
                 del self._links[(topic, partition)]
 
-    def _watched(self, key: tuple[str, int], link: _Link, hw: int, leo: int) -> None:
+    def _watched(self, key: tuple[str, int], link: _Link, ev) -> None:
         """The watch's callback, on the channel's reader thread: record, hand over."""
-        link.saw(hw, leo)
+        link.pushed(ev)
         with self._wake:
             self._changed.add(key)
             self._wake.notify()

@@ -96,6 +96,37 @@ class FollowerSide(Protocol):
                     result: ReplicaFetchResult) -> bool: ...
 
 
+def truncation_offset(side: FollowerSide, link, generation: int, name: str) -> int | None:
+    """Where a follower's log must be cut to agree with its leader (KIP-101 with KIP-279's
+    repeat, step 2 of the module docstring); None when the replica moved on from
+    ``generation``. ``link.offsets_for_leader_epoch(epoch)`` asks the leader (over Ray here,
+    over Kafka's OffsetForLeaderEpoch in a broker's fetcher)."""
+    position = side.follower_position(generation)
+    asked = side.latest_epoch(generation)
+    if position is None or asked is None:
+        return None
+    leo, hw = position
+    if asked < 0:
+        # no epochs here: an empty log needs nothing; data without epochs (written before
+        # epochs existed) can only be trusted up to the HW
+        return leo if leo == 0 else min(hw, leo)
+    for _ in range(MAX_TRUNCATION_ROUNDS):
+        answer = link.offsets_for_leader_epoch(asked)
+        if answer.leader_epoch < 0 or answer.end_offset < 0:
+            return min(hw, leo)                     # the leader knows no epoch: old rule
+        own = side.epoch_end_offset(generation, answer.leader_epoch)
+        if own is None:
+            return None
+        own_epoch, own_end = own
+        if own_epoch == answer.leader_epoch:
+            return min(answer.end_offset, own_end, leo)
+        if own_epoch < 0 or own_epoch >= asked:
+            # nothing here at or below the leader's epoch: keep what the leader has
+            return min(answer.end_offset, leo)
+        asked = own_epoch                           # KIP-279: ask again for our older epoch
+    raise RuntimeError(f"{name}: epochs still disagree after {MAX_TRUNCATION_ROUNDS} rounds")
+
+
 class ReplicaFetcher:
     """The fetch thread of one follower replica for one leader epoch (module docstring)."""
 
@@ -195,31 +226,7 @@ class ReplicaFetcher:
     # -- truncation (KIP-101, KIP-279) --------------------------------------------------------
     def truncation_offset(self) -> int | None:
         """Where this follower's log must be cut to agree with the leader (None: moved on)."""
-        position = self.side.follower_position(self.generation)
-        asked = self.side.latest_epoch(self.generation)
-        if position is None or asked is None:
-            return None
-        leo, hw = position
-        if asked < 0:
-            # no epochs here: an empty log needs nothing; data without epochs (written before
-            # epochs existed) can only be trusted up to the HW
-            return leo if leo == 0 else min(hw, leo)
-        for _ in range(MAX_TRUNCATION_ROUNDS):
-            answer = self.link.offsets_for_leader_epoch(asked)
-            if answer.leader_epoch < 0 or answer.end_offset < 0:
-                return min(hw, leo)                 # the leader knows no epoch: old rule
-            own = self.side.epoch_end_offset(self.generation, answer.leader_epoch)
-            if own is None:
-                return None
-            own_epoch, own_end = own
-            if own_epoch == answer.leader_epoch:
-                return min(answer.end_offset, own_end, leo)
-            if own_epoch < 0 or own_epoch >= asked:
-                # nothing here at or below the leader's epoch: keep what the leader has
-                return min(answer.end_offset, leo)
-            asked = own_epoch                       # KIP-279: ask again for our older epoch
-        raise RuntimeError(f"{self.name}: epochs still disagree after "
-                           f"{MAX_TRUNCATION_ROUNDS} rounds")
+        return truncation_offset(self.side, self.link, self.generation, self.name)
 
     def _truncate_by_epoch(self) -> bool:
         target = self.truncation_offset()

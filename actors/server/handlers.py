@@ -36,12 +36,16 @@ from .. import wire
 from ..errors import (FencedLeaderEpochError, InvalidRecordError, KafkaError,
                       UnknownLeaderEpochError)
 from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topic_name
-from .network import Request
+from .network import NOT_INLINE, Request
 
 log = logging.getLogger(__name__)
 
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
+
+
+class NeedsReplica(Exception):
+    """A read with ``cached_only`` that would have to wait for the replica."""
 _ERR = wire.ERRORS_BY_NAME
 
 
@@ -91,11 +95,17 @@ class Backend(Protocol):
         comes when the in-sync replicas have them."""
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, *,
-             replica_id: int, isolation_level: int) -> FetchResult:
+             replica_id: int, isolation_level: int,
+             cached_only: bool = False) -> FetchResult:
         """Whole batches from ``offset``: up to the high watermark for consumers
         (``replica_id`` < 0), the log end for a follower broker; about ``max_bytes`` of
         them but at least one whole batch, none when ``max_bytes`` < 0 (the offsets
-        only). OffsetOutOfRangeError outside [log start, log end]."""
+        only). OffsetOutOfRangeError outside [log start, log end]. ``cached_only``:
+        raise NeedsReplica rather than wait for anything (``KafkaApis.handle_inline``)."""
+
+    def linked(self, topic: str, partition: int) -> bool:
+        """Can ``append`` hand the partition's batches over without waiting (no channel
+        to open first)? (``KafkaApis.handle_inline``)"""
 
     def list_offset(self, topic: str, partition: int, timestamp: int, *,
                     isolation_level: int) -> tuple[int, int]:
@@ -291,6 +301,25 @@ class KafkaApis:
                 f"API key {request.header.api_key} is not implemented", request.header)
         return handler(request)
 
+    def handle_inline(self, request: Request):
+        """``handle`` on the network thread, for a request that can be answered without
+        waiting (ApiVersions, Metadata; a Produce to partitions whose replicas are linked;
+        a Fetch the replicas' pushed tails answer): saves the two thread hand-offs of the
+        io threads, which cost more than such a request itself. ``NOT_INLINE`` when it
+        might wait (anything else): the network layer hands it to an io thread, and
+        nothing of it has been done."""
+        key = request.header.api_key
+        if key in (wire.API_VERSIONS, wire.METADATA):
+            return self.handle(request)
+        if key == wire.PRODUCE:
+            return self.produce(request, inline=True)
+        if key == wire.FETCH:
+            try:
+                return self.fetch(request, inline=True)
+            except NeedsReplica:
+                return NOT_INLINE
+        return NOT_INLINE
+
     @staticmethod
     def _body(request: Request) -> dict:
         return wire.decode_request_body(request.header, request.body, 0)
@@ -349,9 +378,12 @@ class KafkaApis:
         })
 
     # -- Produce ---------------------------------------------------------------------------
-    def produce(self, request: Request):
+    def produce(self, request: Request, inline: bool = False):
         body = self._body(request)
         acks, timeout_ms = body["acks"], body["timeout_ms"]
+        if inline and not all(self.backend.linked(t["name"], p["index"])
+                              for t in body["topic_data"] for p in t["partition_data"]):
+            return NOT_INLINE
         results: list[tuple[str, int, Any]] = []    # (topic, partition, result or error)
         for topic in body["topic_data"]:
             name = topic["name"]
@@ -403,7 +435,7 @@ class KafkaApis:
             return exc
 
     # -- Fetch -----------------------------------------------------------------------------
-    def fetch(self, request: Request):
+    def fetch(self, request: Request, inline: bool = False):
         body = self._body(request)
         header = request.header
         if body["session_id"] != 0:
@@ -411,8 +443,9 @@ class KafkaApis:
             return wire.encode_response_parts(header, {
                 "error_code": _ERR["FETCH_SESSION_ID_NOT_FOUND"].code, "session_id": 0,
                 "responses": []})
-        read = _FetchRead(self.backend, body)
+        read = _FetchRead(self.backend, body, cached_only=inline)
         response, total, errors = read()
+        read.cached_only = False              # the purgatory's re-reads may wait
         if body["max_wait_ms"] <= 0 or total >= max(body["min_bytes"], 1) or errors:
             return wire.encode_response_parts(header, response)
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -493,9 +526,10 @@ class _FetchRead:
     partition, ``max_bytes`` for the response, but the first batch of the first partition
     with data is returned whole however large (KIP-74), so a consumer always progresses."""
 
-    def __init__(self, backend: Backend, body: dict):
+    def __init__(self, backend: Backend, body: dict, cached_only: bool = False):
         self.backend = backend
         self.body = body
+        self.cached_only = cached_only
 
     def keys(self) -> list[tuple[str, int]]:
         return [(t["topic"], p["partition"]) for t in self.body["topics"]
@@ -519,7 +553,8 @@ class _FetchRead:
                     # limit <= 0: the response is full, the partition is listed without data
                     got = backend.read(topic, index, p["fetch_offset"], limit if limit > 0
                                        else -1, replica_id=replica_id,
-                                       isolation_level=isolation)
+                                       isolation_level=isolation,
+                                       cached_only=self.cached_only)
                     total += len(got.data)
                     partitions.append({
                         "partition_index": index, "error_code": wire.NONE,
@@ -528,6 +563,8 @@ class _FetchRead:
                         "log_start_offset": got.log_start_offset,
                         "aborted_transactions": [] if isolation == READ_COMMITTED else None,
                         "records": got.data})
+                except NeedsReplica:
+                    raise
                 except Exception as exc:
                     errors = True
                     partitions.append({"partition_index": index, "error_code": _code(exc),
@@ -562,4 +599,5 @@ class _DelayedFetch(DelayedOperation):
 
 
 __all__ = ["KafkaApis", "Backend", "BrokerEndpoint", "PartitionMetadata", "Purgatory",
-           "DelayedOperation", "READ_UNCOMMITTED", "READ_COMMITTED"]
+           "DelayedOperation", "READ_UNCOMMITTED", "READ_COMMITTED", "NOT_INLINE",
+           "NeedsReplica"]

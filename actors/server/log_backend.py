@@ -111,8 +111,12 @@ class LogBackend:
         return ProduceResult(result.base_offset, result.last_offset,
                              result.log_append_time_ms, log.log_start_offset)
 
+    def linked(self, topic: str, partition: int) -> bool:
+        return True                      # appends are to a Log in this process
+
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, *,
-             replica_id: int, isolation_level: int) -> FetchResult:
+             replica_id: int, isolation_level: int,
+             cached_only: bool = False) -> FetchResult:
         log = self._partition(topic, partition).log
         end = log.log_end_offset        # the high watermark: this node is the whole ISR
         data = log.read(offset, max_bytes, max_offset=end)

@@ -249,12 +249,20 @@ class PartitionReplica:
         return self.state()
 
     def become_follower(self, leader_id: int, leader_epoch: int, isr: list[int],
-                        replicas: list[int], zk_version: int = -1) -> dict:
+                        replicas: list[int], zk_version: int = -1, *,
+                        fetch: bool = True) -> dict:
         """Follow ``leader_id`` in ``leader_epoch``: stop acknowledging, and (re)start the
         fetcher, which first truncates by leader epoch. A repeated request for the same
-        leader and epoch keeps the running fetcher."""
+        leader and epoch keeps the running fetcher (and the generation).
+
+        ``fetch=False``: the broker fetches for this replica (its fetcher thread per leader
+        broker, server/broker_fetcher.py, over Kafka's Fetch): no thread here; the answer's
+        ``generation`` is what the broker's calls (``apply_fetch``, ``truncate``...) carry.
+        A replica used without a broker (tests, tools) fetches for itself over Ray."""
         old = None
         with self._lock:
+            same_target = (self.role == ReplicaRole.FOLLOWER and not self._stopped
+                           and (self.leader_id, self.leader_epoch) == (leader_id, leader_epoch))
             self._check_epoch(leader_epoch)
             if self.is_leader and not self._fenced:
                 self._leadership += 1
@@ -267,12 +275,14 @@ class PartitionReplica:
             self._fenced = False
             self._state = None
             self._hw = self._clamp(self._hw)
-            keep = (self._fetcher is not None
-                    and self._fetcher.targets(leader_id, leader_epoch))
+            keep = ((self._fetcher is not None
+                     and self._fetcher.targets(leader_id, leader_epoch))
+                    or (not fetch and self._fetcher is None and same_target))
             if not keep:
                 self._generation += 1
                 old, self._fetcher = self._fetcher, None
-                if leader_id >= 0 and leader_id != self.broker_id and not self._stopped:
+                if (fetch and leader_id >= 0 and leader_id != self.broker_id
+                        and not self._stopped):
                     self._fetcher = ReplicaFetcher(
                         self, RayLeaderLink(self._namespace(), self.topic, self.partition,
                                             leader_id),
@@ -483,18 +493,7 @@ class PartitionReplica:
         only the follower's own checkpoint uses."""
         deadline = time.monotonic() + max(max_wait_ms, 0) / 1000
         with self._lock:
-            self._check_follower_epoch(leader_epoch)
-            leo = self.log.log_end_offset
-            if fetch_offset > leo or fetch_offset < self.log.log_start_offset:
-                raise OffsetOutOfRangeError(
-                    f"{self.topic}-{self.partition}: follower {follower_id} fetch offset "
-                    f"{fetch_offset} is out of range [{self.log.log_start_offset}, {leo}]")
-            state = self._state
-            state.record_fetch(follower_id, fetch_offset, leo, self._clock_ms())
-            self._move_hw_locked()
-            if (state.pending_isr is None and follower_id not in state.isr
-                    and state.can_join(follower_id)):
-                self._isr_wake.notify_all()       # an expansion to propose
+            self._record_follower_locked(follower_id, fetch_offset, leader_epoch)
             leadership = self._leadership
             while (self.log.log_end_offset <= fetch_offset
                    and self._leadership == leadership and self.is_leader):
@@ -506,6 +505,42 @@ class PartitionReplica:
         data = self.log.read(fetch_offset, max_bytes)
         return ReplicaFetchResult(data, hw, self.log.log_start_offset,
                                   self.log.log_end_offset)
+
+    def follower_fetched(self, follower_id: int, fetch_offset: int,
+                         leader_epoch: int) -> None:
+        """A follower fetched at ``fetch_offset`` (its LEO) and its broker answered it from
+        the tail it caches (replica_channel's watch): record the position (HW, ISR), as
+        ``replica_fetch`` does, without reading anything."""
+        with self._lock:
+            self._record_follower_locked(follower_id, fetch_offset, leader_epoch)
+
+    def _record_follower_locked(self, follower_id: int, fetch_offset: int,
+                                leader_epoch: int) -> None:
+        self._check_follower_epoch(leader_epoch)
+        leo = self.log.log_end_offset
+        if fetch_offset > leo or fetch_offset < self.log.log_start_offset:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: follower {follower_id} fetch offset "
+                f"{fetch_offset} is out of range [{self.log.log_start_offset}, {leo}]")
+        state = self._state
+        state.record_fetch(follower_id, fetch_offset, leo, self._clock_ms())
+        self._move_hw_locked()
+        if (state.pending_isr is None and follower_id not in state.isr
+                and state.can_join(follower_id)):
+            self._isr_wake.notify_all()           # an expansion to propose
+
+    def tail(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole batches from ``offset`` (a batch boundary at or below the LEO), about
+        ``max_bytes`` of them, and the offset after the last: what the local channel's
+        watch pushes to the broker as the log grows. Not CRC-checked again: they were
+        checked when appended."""
+        data = self.log.read(offset, max_bytes, check_crc=False)
+        if not data:
+            return b"", offset
+        end = offset
+        for h in iter_headers(data, check_crc=False):
+            end = h.last_offset + 1
+        return data, end
 
     def _check_follower_epoch(self, leader_epoch: int) -> None:
         if leader_epoch < self.leader_epoch:
@@ -747,6 +782,7 @@ class PartitionReplica:
                                 and self._state.pending_isr is not None else None),
                 "followers": followers,
                 "fetcher_alive": self._fetcher is not None and self._fetcher.alive,
+                "generation": self._generation,
                 "log_start_offset": self.log.log_start_offset,
                 "log_end_offset": self.log.log_end_offset,
                 "high_watermark": self._hw,
@@ -760,20 +796,22 @@ class PartitionReplica:
         return self.epoch_cache.entries
 
     # -- lifecycle --------------------------------------------------------------------------
-    def wait_for_change(self, seen: tuple[int, int] | None, stop: threading.Event
-                        ) -> tuple[int, int]:
-        """(high watermark, log end offset) as soon as they differ from ``seen`` (at once
-        when ``seen`` is None), or when ``stop`` is set (then as they are). Woken by appends,
-        HW moves and role changes; ``wake`` wakes it to look at ``stop``. Raises
-        NotLeaderForPartitionError once the replica is stopped."""
+    def wait_for_change(self, seen: tuple[int, int, int] | None, stop: threading.Event
+                        ) -> tuple[int, int, int, int]:
+        """(high watermark, log end offset, log start offset, leadership) as soon as the
+        first two or the leadership differ from ``seen`` = (hw, leo, leadership) (at once
+        when ``seen`` is None), or when ``stop`` is set (then as they are). Woken by
+        appends, HW moves and role changes; ``wake`` wakes it to look at ``stop``. Raises
+        NotLeaderForPartitionError once the replica is stopped. ``leadership`` changes
+        whenever this replica stops acknowledging (demoted, fenced)."""
         with self._lock:
             while True:
                 if self._stopped:
                     raise NotLeaderForPartitionError(
                         f"{self.topic}-{self.partition} on broker {self.broker_id} stopped")
-                now = (self._hw, self.log.log_end_offset)
-                if now != seen or stop.is_set():
-                    return now
+                leo = self.log.log_end_offset
+                if (self._hw, leo, self._leadership) != seen or stop.is_set():
+                    return self._hw, leo, self.log.log_start_offset, self._leadership
                 self._changed.wait()
 
     def wake(self) -> None:

@@ -21,15 +21,31 @@ ends run, since both ends are started from one installation):
       PRODUCE   i8 acks | i32 timeout_ms | record batches (the rest)
       FETCH     i64 offset | i32 max_bytes | i32 max_wait_ms | i32 min_bytes | u8 isolation
       WATCH     (nothing)
+      POSITION  i32 follower_id | i32 leader_epoch | i64 offset  (no response: a follower
+                broker's fetch the leader's broker answered from the tail it caches)
+      REPLICA_FETCH  i32 follower_id | i32 leader_epoch | i64 offset | i32 max_bytes
+                (a follower broker's fetch, relayed by the leader's broker: records the
+                follower's position, never waits: the broker's purgatory does)
+      APPLY     i64 generation | i64 fetch_offset | i64 high_watermark | i64 log_start_offset
+                | record batches (what the leader sent, for this follower replica to append)
     response  u32 size | u32 request id | u8 status | body
       OK PRODUCE  i64 base_offset | i64 last_offset | i64 log_append_time_ms
                   | i64 log_start_offset
       OK FETCH    i64 high_watermark | i64 log_start_offset | i64 log_end_offset | batches
-      OK WATCH    i64 high_watermark | i64 log_end_offset, first at once, then again (same
-                  request id) whenever either changes, until the connection ends
+      OK WATCH    i64 high_watermark | i64 log_end_offset | i64 log_start_offset
+                  | i64 leadership | i64 base | i64 end | batches [base, end): first at
+                  once (no batches, base = end = the LEO), then again (same request id)
+                  whenever the HW, the LEO or the leadership changes, until the connection
+                  ends; the batches are the log's tail, each push starting where the last
+                  ended (at most TAIL_PUSH_BYTES of them per push, so a long tail comes in
+                  several), so the broker holds the partition's newest records without
+                  asking for them
+      OK REPLICA_FETCH  as OK FETCH
+      OK APPLY    i64 log_end_offset | i64 high_watermark after the append (-1, -1: the
+                  replica moved on from that generation; nothing was appended)
       ERROR       u16 class-name size | class name (an actors.errors class) | message
 
-Ordering: a connection's produce requests are appended in the order they arrive (the
+Ordering: a connection's produce and apply requests are appended in the order they arrive (the
 append runs on the connection's reader thread; only an acks=all wait for the ISR moves to
 a worker thread), so a broker that forwards one client connection's requests in order keeps
 Kafka's per-partition ordering. Fetches run on worker threads (long polls park there);
@@ -49,14 +65,18 @@ import os
 import socket
 import struct
 import threading
+from typing import NamedTuple
 
 from .. import errors as _errors
 from ..errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError
-from ..protocol import FetchResult, ProduceResult
+from ..protocol import FetchResult, ProduceResult, ReplicaFetchResult
 
 PRODUCE = 1
 FETCH = 2
 WATCH = 3
+REPLICA_FETCH = 4
+APPLY = 5
+POSITION = 6
 OK = 0
 ERROR = 1
 ISOLATION = {"high_watermark": 0, "log_end": 1}
@@ -69,13 +89,31 @@ _PRODUCE = struct.Struct("<bi")        # acks, timeout_ms
 _FETCH = struct.Struct("<qiiiB")       # offset, max_bytes, max_wait_ms, min_bytes, isolation
 _PRODUCED = struct.Struct("<qqqq")     # base, last, log_append_time, log_start
 _FETCHED = struct.Struct("<qqq")       # hw, log_start, log_end
-_WATCHED = struct.Struct("<qq")        # hw, log_end
+_WATCHED = struct.Struct("<qqqqqq")    # hw, log_end, log_start, leadership, base, end
+_POSITION = struct.Struct("<iiq")      # follower_id, leader_epoch, offset
+_REPLICA_FETCH = struct.Struct("<iiqi")  # follower_id, leader_epoch, offset, max_bytes
+_APPLY = struct.Struct("<qqqq")        # generation, fetch_offset, hw, log_start
+_APPLIED = struct.Struct("<qq")        # log_end, hw
 _NAME = struct.Struct("<H")
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FRAME_BYTES = 128 << 20    # above message.max.bytes of any sane topic
 DEFAULT_MAX_WORKERS = 8                # as the replica actor's max_concurrency
+TAIL_PUSH_BYTES = 256 << 10            # batches per watch push, at most about this much
+
+
+class WatchEvent(NamedTuple):
+    """One push of a watch: the replica's offsets and leadership, and the log's batches
+    from ``base`` to ``end`` (empty when nothing was appended since the last push)."""
+
+    high_watermark: int
+    log_end_offset: int
+    log_start_offset: int
+    leadership: int
+    base: int
+    end: int
+    data: memoryview
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray | None:
@@ -218,6 +256,25 @@ class ReplicaChannelServer:
                     self._workers.submit(self._fetch, request_id, args, send)
                 else:
                     self._fetch(request_id, args, send)
+            elif op == REPLICA_FETCH:
+                follower, epoch, offset, max_bytes = _REPLICA_FETCH.unpack_from(body, 0)
+                r = self.replica.replica_fetch(follower, offset, epoch, max_bytes, 0)
+                send(self._fetched(request_id, r))
+            elif op == POSITION:
+                follower, epoch, offset = _POSITION.unpack_from(body, 0)
+                try:
+                    self.replica.follower_fetched(follower, offset, epoch)
+                except KafkaError as exc:     # no one waits for an answer: the next fetch
+                    log.debug("replica channel: position of follower %d refused: %s",
+                              follower, exc)      # (through the broker) gets the refusal
+            elif op == APPLY:
+                generation, offset, hw, start = _APPLY.unpack_from(body, 0)
+                data = body[_APPLY.size:]
+                applied = self.replica.apply_fetch(
+                    generation, offset, ReplicaFetchResult(data, hw, start, -1))
+                position = self.replica.follower_position(generation) if applied else None
+                answer = _APPLIED.pack(*(position or (-1, -1)))
+                send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
             else:
                 raise KafkaError(f"unknown channel op {op}")
         except Exception as exc:  # noqa: BLE001 - every failure is the requester's answer
@@ -238,14 +295,20 @@ class ReplicaChannelServer:
         send(self._produced(request_id, result))
 
     def _watch(self, request_id: int, send, ended: threading.Event) -> None:
-        state = None
+        seen, pushed = None, None
         while not ended.is_set():
             try:
-                state = self.replica.wait_for_change(state, ended)
+                hw, leo, start, leadership = self.replica.wait_for_change(seen, ended)
+                base = leo if pushed is None or pushed > leo or pushed < start else pushed
+                data, end = (self.replica.tail(base, TAIL_PUSH_BYTES) if base < leo
+                             else (b"", base))
             except Exception as exc:  # noqa: BLE001 - the replica stopped: say so, end
                 send(_error_frame(request_id, exc))
                 return
-            send([_RESP.pack(5 + _WATCHED.size, request_id, OK) + _WATCHED.pack(*state)])
+            pushed, seen = end, (hw, end, leadership)
+            head = _WATCHED.pack(hw, leo, start, leadership, base, end)
+            send([_RESP.pack(5 + len(head) + len(data), request_id, OK) + head, data]
+                 if data else [_RESP.pack(5 + len(head), request_id, OK) + head])
 
     def _fetch(self, request_id, args, send) -> None:
         try:
@@ -253,8 +316,12 @@ class ReplicaChannelServer:
         except Exception as exc:  # noqa: BLE001
             send(_error_frame(request_id, exc))
             return
+        send(self._fetched(request_id, r))
+
+    @staticmethod
+    def _fetched(request_id: int, r) -> list:
         head = _FETCHED.pack(r.high_watermark, r.log_start_offset, r.log_end_offset)
-        send([_RESP.pack(5 + len(head) + len(r.data), request_id, OK) + head, r.data])
+        return [_RESP.pack(5 + len(head) + len(r.data), request_id, OK) + head, r.data]
 
 
 class ReplicaChannel:
@@ -298,18 +365,40 @@ class ReplicaChannel:
         head = _FETCH.pack(offset, max_bytes, max_wait_ms, min_bytes, ISOLATION[isolation])
         return self._request(FETCH, [head], None)
 
+    def replica_fetch(self, follower_id: int, leader_epoch: int, offset: int,
+                      max_bytes: int) -> concurrent.futures.Future:
+        """A follower broker's fetch at ``offset`` (its replica's LEO), relayed to this
+        leader replica: a ReplicaFetchResult, at once (the waiting is the caller's)."""
+        head = _REPLICA_FETCH.pack(follower_id, leader_epoch, offset, max_bytes)
+        return self._request(REPLICA_FETCH, [head], None)
+
+    def apply(self, generation: int, fetch_offset: int, high_watermark: int,
+              log_start_offset: int, records) -> concurrent.futures.Future:
+        """Hand what the leader sent to this follower replica (appended in the order the
+        channel's applies arrive): its (log end offset, high watermark) afterwards, or
+        None when it no longer follows in ``generation``."""
+        head = _APPLY.pack(generation, fetch_offset, high_watermark, log_start_offset)
+        return self._request(APPLY, [head], records)
+
+    def position(self, follower_id: int, leader_epoch: int, offset: int) -> None:
+        """Tell this leader replica a follower fetched at ``offset`` (no answer: a refusal
+        shows in the follower's next fetch the broker cannot answer from its cache)."""
+        self._request(POSITION, [_POSITION.pack(follower_id, leader_epoch, offset)], None,
+                      answered=False)
+
     def watch(self, callback) -> concurrent.futures.Future:
-        """Have the replica tell this channel whenever its high watermark or log end offset
-        changes: ``callback(high_watermark, log_end_offset)`` runs on the channel's reader
-        thread (keep it quick), once at once and then after each change (changes close
-        together may come as one call). The future answers when the watch is in place;
-        the watch ends with the channel."""
+        """Have the replica tell this channel whenever its high watermark, log end offset
+        or leadership changes, with the batches appended since the last push:
+        ``callback(WatchEvent)`` runs on the channel's reader thread (keep it quick), once
+        at once and then after each change (changes close together may come as one
+        call). The future answers when the watch is in place; the watch ends with the
+        channel."""
         return self._request(WATCH, [], None, watcher=callback)
 
     def close(self) -> None:
         self._fail(NotLeaderForPartitionError(f"replica channel {self.address[1:]!r} closed"))
 
-    def _request(self, op: int, parts: list, payload, watcher=None
+    def _request(self, op: int, parts: list, payload, watcher=None, answered: bool = True
                  ) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         size = 5 + sum(len(p) for p in parts) + (len(payload) if payload is not None else 0)
@@ -322,7 +411,10 @@ class ReplicaChannel:
                 future.set_exception(self._dead)
                 return future
             request_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-            self._pending[request_id] = (op, future)
+            if answered:
+                self._pending[request_id] = (op, future)
+            else:
+                future.set_result(None)
             if watcher is not None:
                 self._watchers[request_id] = watcher
             frame = [_REQ.pack(size, request_id, op), *parts]
@@ -336,8 +428,9 @@ class ReplicaChannel:
             except OSError as exc:
                 self._pending.pop(request_id, None)
                 self._watchers.pop(request_id, None)
-                future.set_exception(NotLeaderForPartitionError(
-                    f"replica channel {self.address[1:]!r} failed: {exc}"))
+                if not future.done():
+                    future.set_exception(NotLeaderForPartitionError(
+                        f"replica channel {self.address[1:]!r} failed: {exc}"))
         return future
 
     def _read_loop(self) -> None:
@@ -368,7 +461,8 @@ class ReplicaChannel:
                     if not future.done():
                         future.set_result(None)
                     try:
-                        watcher(*_WATCHED.unpack_from(frame, 5))
+                        watcher(WatchEvent(*_WATCHED.unpack_from(frame, 5),
+                                           memoryview(frame)[5 + _WATCHED.size:]))
                     except Exception:  # noqa: BLE001 - the caller's bug must not end reads
                         log.exception("replica channel %r: watch callback failed",
                                       self.address[1:])
@@ -386,9 +480,14 @@ class ReplicaChannel:
                 _raise_error(body)
             if op == PRODUCE:
                 future.set_result(ProduceResult(*_PRODUCED.unpack_from(body, 0)))
+            elif op == APPLY:
+                leo, hw = _APPLIED.unpack_from(body, 0)
+                future.set_result(None if leo < 0 else (leo, hw))
             else:
                 hw, start, end = _FETCHED.unpack_from(body, 0)
-                future.set_result(FetchResult(bytes(body[_FETCHED.size:]), hw, start, end))
+                cls = ReplicaFetchResult if op == REPLICA_FETCH else FetchResult
+                # the frame is this answer's alone: its records are handed on, not copied
+                future.set_result(cls(body[_FETCHED.size:], hw, start, end))
         except KafkaError as exc:
             future.set_exception(exc)
 

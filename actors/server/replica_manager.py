@@ -116,6 +116,9 @@ class ReplicaManager:
         self._replicas: dict[tuple[str, int], _Hosted] = {}
         self._stamps: dict[tuple[str, int], Stamp] = {}
         self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
+        # the broker's fetcher threads (broker_fetcher.BrokerFetcherManager), told of every
+        # role change; None: each follower replica fetches for itself (actors.become says)
+        self.fetchers = None
         self.max_controller_epoch = 0
         # the broker's replica.* settings reach the replicas it creates (lag time, fetch wait)
         configure = getattr(actors, "configure_replication", None)
@@ -196,7 +199,22 @@ class ReplicaManager:
                         self._stamps[key] = max(self._stamps.get(key, stamp), stamp)
                     else:
                         rows[key]["error"] = _describe(value)
+            if self.fetchers is not None:
+                for (handle, p, leader), (ok, value) in zip(calls, results):
+                    self._tell_fetchers(p, leader, handle, value if ok else None)
         return [rows[(p["topic"], p["partition"])] for p in partitions]
+
+    def _tell_fetchers(self, p: dict, leader: bool, handle, state: dict | None) -> None:
+        """After a role change: a follower (of another broker) is fetched for by the
+        broker's fetcher thread toward its leader, anything else is not. Caller holds the
+        partition's lock."""
+        topic, partition = p["topic"], p["partition"]
+        if (state is None or leader or p["leader"] < 0 or p["leader"] == self.broker_id
+                or "generation" not in state):
+            self.fetchers.unfollow(topic, partition)
+        else:
+            self.fetchers.follow(topic, partition, p["leader"], p["leader_epoch"],
+                                 state["generation"], handle)
 
     def _ensure_replicas(self, partitions: list[dict], rows: dict) -> dict:
         """The handle of each partition's replica: created when missing (not awaited),
@@ -264,6 +282,8 @@ class ReplicaManager:
                     hosted = self._replicas.pop(key, None)
                     stopping.append((key, hosted.handle if hosted else None))
             for (topic, partition), handle in stopping:
+                if self.fetchers is not None:
+                    self.fetchers.unfollow(topic, partition)
                 if handle is not None:
                     self.actors.stop(topic, partition, handle, delete)
                 if delete:
@@ -305,6 +325,7 @@ class RayReplicaActors:
         self.broker_id = broker_id
         self.data_dir = data_dir
         self.replication_config: dict = {}
+        self.broker_fetches = True      # followers are fetched for by the broker's threads
 
     def configure_replication(self, replication_config: dict) -> None:
         self.replication_config = dict(replication_config)
@@ -336,7 +357,7 @@ class RayReplicaActors:
             else:
                 refs.append(handle.become_follower.remote(
                     p["leader"], p["leader_epoch"], p["isr"], p["replicas"],
-                    zk_version=p.get("zk_version", -1)))
+                    zk_version=p.get("zk_version", -1), fetch=not self.broker_fetches))
         return _gather(refs, timeout_s)
 
     def update_config(self, calls, timeout_s):

@@ -1,0 +1,503 @@
+"""The follower broker's replication over Kafka's protocol (Kafka's ReplicaFetcherManager
+and ReplicaFetcherThread).
+
+A broker that follows partitions led elsewhere runs ONE fetcher thread per leader broker.
+The thread holds one Kafka connection (actors.connection) to that broker's listener and
+sends one Fetch for every partition it follows there (``replica_id`` = this broker's id,
+``current_leader_epoch`` = the epoch it follows in, long-polled up to
+``replica.fetch.wait.max.ms`` in the leader's purgatory). The leader's broker relays each
+partition to its leader replica (replica_channel REPLICA_FETCH: the follower's position is
+recorded, which moves the high watermark and the ISR), and this thread hands each
+partition's bytes, untouched, to the local follower replica over its channel (APPLY: the
+replica appends with the leader's offsets and epochs, learns the high watermark). The
+appends of one round go out together and are awaited together; the next Fetch carries the
+new log end offsets, which is how the leader learns them (as in Kafka).
+
+Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved here:
+
+1. on joining the thread (a new leader or epoch) the partition first truncates by leader
+   epoch (KIP-101/279): ``fetcher.truncation_offset`` with the leader asked through
+   OffsetForLeaderEpoch on the same connection and the local replica through Ray (rare:
+   once per leader change);
+2. then it is fetched every round; an answer with records or a new high watermark goes to
+   the replica;
+3. errors per partition: OFFSET_OUT_OF_RANGE cuts to the leader's log end or starts over at
+   its log start; a fenced or unknown epoch, a leader that is not (yet) the leader, a
+   failed append or a dead replica channel delays the partition ``replica.fetch.backoff.ms``
+   (it leaves the Fetch until then, so one bad partition never turns the long poll into a
+   busy loop); batches that do not follow the replica's log end make it truncate again.
+
+Every change to a replica's log carries the ``generation`` that replica answered when it
+became a follower (``PartitionReplica.become_follower(fetch=False)``); once it has moved on
+(leader, another leader or epoch, stopped) the replica refuses, and the partition leaves
+the thread. ``follow``/``unfollow`` come from the broker's ReplicaManager after each
+LeaderAndIsr and StopReplica.
+
+The local replicas are reached through ``LocalReplicas`` (Ray + the replica channels in
+production), the leader brokers' addresses through ``endpoint(broker_id)``, so the rules
+above are tested with in-process replicas and listeners.
+
+Thread-safety: ``follow``/``unfollow``/``status``/``close`` from any thread; each fetcher
+thread owns its connection; its partition table is guarded by its condition.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from .. import wire
+from ..connection import KafkaConnection
+from ..errors import (FencedLeaderEpochError, InvalidRecordError, KafkaError, NetworkError,
+                      NotLeaderForPartitionError)
+from ..protocol import EpochEndOffset
+from .fetcher import FetcherSettings, FollowerSide, truncation_offset
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 30.0            # beyond the long poll itself
+APPLY_TIMEOUT_S = 30.0
+LOG_EVERY_S = 30.0
+RESPONSE_MAX_BYTES = 10 << 20       # replica.fetch.response.max.bytes (Kafka's default)
+_OUT_OF_RANGE = wire.ERRORS_BY_NAME["OFFSET_OUT_OF_RANGE"].code
+
+
+class LocalReplicas(Protocol):
+    """How a fetcher reaches this broker's follower replicas and, rarely, a leader's."""
+
+    def channel(self, handle) -> Any:
+        """An open ReplicaChannel to the replica (a new one after the last died)."""
+
+    def side(self, handle) -> FollowerSide:
+        """The replica's follower calls (truncation; Ray in production)."""
+
+    def leader_offsets(self, topic: str, partition: int, leader_id: int) -> tuple[int, int]:
+        """(log start, log end) of the leader's replica (after OFFSET_OUT_OF_RANGE)."""
+
+
+@dataclass
+class _Followed:
+    """One partition a fetcher thread fetches, and where it stands."""
+
+    topic: str
+    partition: int
+    leader_id: int
+    leader_epoch: int
+    generation: int
+    handle: Any
+    fetch_offset: int = -1
+    high_watermark: int = -1
+    truncating: bool = True
+    delayed_until: float = 0.0
+    channel: Any = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+    def same(self, leader_id: int, leader_epoch: int, generation: int, handle) -> bool:
+        return (self.leader_id, self.leader_epoch, self.generation) == \
+            (leader_id, leader_epoch, generation) and self.handle is handle
+
+
+class _WireLeader:
+    """fetcher.LeaderLink's ``offsets_for_leader_epoch`` over the fetcher's connection."""
+
+    def __init__(self, conn: KafkaConnection, broker_id: int, p: _Followed):
+        self.conn, self.broker_id, self.p = conn, broker_id, p
+
+    def offsets_for_leader_epoch(self, leader_epoch: int) -> EpochEndOffset:
+        body = {"replica_id": self.broker_id, "topics": [{"topic": self.p.topic, "partitions": [
+            {"partition": self.p.partition, "current_leader_epoch": self.p.leader_epoch,
+             "leader_epoch": leader_epoch}]}]}
+        answer = self.conn.request(wire.OFFSET_FOR_LEADER_EPOCH, body).result(REQUEST_TIMEOUT_S)
+        part = answer["topics"][0]["partitions"][0]
+        error = wire.error_for_code(part["error_code"], f"{self.p.topic}-{self.p.partition}: "
+                                    f"OffsetForLeaderEpoch from broker {self.p.leader_id}")
+        if error is not None:
+            raise error
+        return EpochEndOffset(part["leader_epoch"], part["end_offset"])
+
+
+class BrokerFetcherThread:
+    """The fetch loop toward one leader broker (see the module docstring)."""
+
+    def __init__(self, manager: "BrokerFetcherManager", leader_id: int):
+        self.manager = manager
+        self.leader_id = leader_id
+        self.settings = manager.settings
+        self.name = f"broker-{manager.broker_id}-fetcher-{leader_id}"
+        self._cond = threading.Condition()
+        self._partitions: dict[tuple[str, int], _Followed] = {}
+        self._stop = False
+        self._conn: KafkaConnection | None = None
+        self._logged: dict[str, float] = {}
+        self.fetches = 0
+        self._thread = threading.Thread(target=self._run, daemon=True, name=self.name)
+        self._thread.start()
+
+    # -- the table (any thread) -------------------------------------------------------------
+    def add(self, p: _Followed) -> None:
+        with self._cond:
+            self._partitions[p.key] = p
+            self._cond.notify_all()
+
+    def remove(self, key: tuple[str, int]) -> _Followed | None:
+        with self._cond:
+            return self._partitions.pop(key, None)
+
+    def get(self, key: tuple[str, int]) -> _Followed | None:
+        with self._cond:
+            return self._partitions.get(key)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        conn = self._conn
+        if conn is not None:
+            conn.close()                 # a long poll in flight ends now
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def status(self) -> dict:
+        with self._cond:
+            parts = {f"{t}-{p}": {"fetch_offset": f.fetch_offset, "truncating": f.truncating,
+                                  "leader_epoch": f.leader_epoch}
+                     for (t, p), f in self._partitions.items()}
+        conn = self._conn
+        return {"leader": self.leader_id, "partitions": parts, "fetches": self.fetches,
+                "connected": conn is not None and conn.alive}
+
+    def _current(self, p: _Followed) -> bool:
+        with self._cond:
+            return self._partitions.get(p.key) is p and not self._stop
+
+    # -- the thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stop:
+                    break
+                now = time.monotonic()
+                ready = [p for p in self._partitions.values() if p.delayed_until <= now]
+                if not ready:
+                    waits = [p.delayed_until - now for p in self._partitions.values()]
+                    self._cond.wait(min(waits) if waits else None)
+                    continue
+            try:
+                conn = self._connection()
+                for p in ready:
+                    if p.truncating and self._current(p):
+                        self._truncate(conn, p)
+                fetching = [p for p in ready if not p.truncating and self._current(p)
+                            and p.delayed_until <= time.monotonic()]
+                if fetching:
+                    self._fetch(conn, fetching)
+            except Exception as exc:  # noqa: BLE001 - a dead leader broker, a timeout
+                self._drop_connection()
+                self._note(type(exc).__name__, f"{self.name}: fetch from broker "
+                           f"{self.leader_id} failed: {exc!r}; retrying")
+                self._delay(ready)
+        self._drop_connection()
+
+    def _connection(self) -> KafkaConnection:
+        conn = self._conn
+        if conn is not None and conn.alive:
+            return conn
+        address = self.manager.endpoint(self.leader_id)
+        if address is None:
+            raise NetworkError(f"no listener known for broker {self.leader_id} (yet)")
+        conn = KafkaConnection(address[0], address[1],
+                               client_id=f"broker-{self.manager.broker_id}-fetcher")
+        with self._cond:
+            if self._stop:
+                conn.close()
+                raise NetworkError("stopping")
+            self._conn = conn
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _delay(self, partitions) -> None:
+        until = time.monotonic() + self.settings.backoff_ms / 1000
+        for p in partitions:
+            p.delayed_until = until
+
+    def _note(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(key, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged[key] = now
+            log.log(level, message)
+
+    def _channel(self, p: _Followed):
+        if p.channel is None or not p.channel.alive:
+            p.channel = self.manager.local.channel(p.handle)
+        return p.channel
+
+    # -- truncation (step 1) ----------------------------------------------------------------
+    def _truncate(self, conn: KafkaConnection, p: _Followed) -> None:
+        side = self.manager.local.side(p.handle)
+        try:
+            target = truncation_offset(side, _WireLeader(conn, self.manager.broker_id, p),
+                                       p.generation, f"{p.topic}-{p.partition}")
+            if target is None or not side.truncate(p.generation, target):
+                self._forget(p)
+                return
+            position = side.follower_position(p.generation)
+        except NetworkError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - leader not ready, replica busy: later
+            self._note(f"truncate-{p.key}", f"{self.name}: {p.topic}-{p.partition} cannot "
+                       f"truncate by epoch yet ({exc!r})", level=logging.DEBUG)
+            self._delay([p])
+            return
+        if self._moved_to(p, position):
+            p.truncating = False
+
+    def _forget(self, p: _Followed) -> None:
+        """The replica moved on from this generation: it leaves the thread."""
+        with self._cond:
+            if self._partitions.get(p.key) is p:
+                del self._partitions[p.key]
+
+    # -- fetching (step 2) ------------------------------------------------------------------
+    def _fetch(self, conn: KafkaConnection, fetching: list[_Followed]) -> None:
+        s = self.settings
+        topics: dict[str, list] = {}
+        for p in fetching:
+            topics.setdefault(p.topic, []).append({
+                "partition": p.partition, "current_leader_epoch": p.leader_epoch,
+                "fetch_offset": p.fetch_offset, "log_start_offset": -1,
+                "partition_max_bytes": s.max_bytes})
+        body = {"replica_id": self.manager.broker_id, "max_wait_ms": s.wait_max_ms,
+                "min_bytes": 1, "max_bytes": RESPONSE_MAX_BYTES, "isolation_level": 0,
+                "session_id": 0, "session_epoch": -1,
+                "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+                "forgotten_topics_data": [], "rack_id": ""}
+        future = conn.request(wire.FETCH, body)
+        try:
+            answer = future.result(s.wait_max_ms / 1000 + REQUEST_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            raise NetworkError(f"broker {self.leader_id} did not answer a fetch within "
+                               f"{s.wait_max_ms / 1000 + REQUEST_TIMEOUT_S}s") from None
+        self.fetches += 1
+        error = wire.error_for_code(answer.get("error_code", 0))
+        if error is not None:
+            raise error
+        by_key = {p.key: p for p in fetching}
+        applies = []
+        for t in answer["responses"]:
+            for part in t["partitions"]:
+                p = by_key.get((t["topic"], part["partition_index"]))
+                if p is None or not self._current(p):
+                    continue
+                code = part["error_code"]
+                if code != wire.NONE:
+                    self._partition_error(p, code)
+                    continue
+                records = part["records"]
+                hw = part["high_watermark"]
+                if (records is None or len(records) == 0) and hw == p.high_watermark:
+                    continue
+                try:
+                    applies.append((p, self._channel(p).apply(
+                        p.generation, p.fetch_offset, hw, part["log_start_offset"],
+                        records if records is not None else b"")))
+                except Exception as exc:  # noqa: BLE001 - no channel: the replica is gone
+                    self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
+                               f"no channel to the local replica ({exc!r})")
+                    self._delay([p])
+        for p, f in applies:
+            try:
+                position = f.result(APPLY_TIMEOUT_S)
+            except InvalidRecordError as exc:
+                # the leader's batches do not follow our log end: truncate by epoch again
+                self._note(f"invalid-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
+                           f"batches do not fit the local log ({exc}); truncating again")
+                p.truncating = True
+                self._delay([p])
+                continue
+            except Exception as exc:  # noqa: BLE001 - replica stopping, channel died
+                p.channel = None
+                self._note(f"apply-{p.key}", f"{self.name}: {p.topic}-{p.partition}: append "
+                           f"failed ({exc!r})", level=logging.DEBUG)
+                self._delay([p])
+                continue
+            self._moved_to(p, position)
+
+    def _moved_to(self, p: _Followed, position: tuple[int, int] | None) -> bool:
+        """The replica's (LEO, HW) after a change: where to fetch next; None (it moved on
+        from this generation): the partition leaves the thread. True when it stays."""
+        if position is None:
+            self._forget(p)
+            return False
+        p.fetch_offset, p.high_watermark = position
+        return True
+
+    def _partition_error(self, p: _Followed, code: int) -> None:
+        if code == _OUT_OF_RANGE:
+            self._out_of_range(p)
+            return
+        error = wire.error_for_code(code, f"{p.topic}-{p.partition}")
+        level = logging.DEBUG if isinstance(error, (NotLeaderForPartitionError,
+                                                   FencedLeaderEpochError)) \
+            or getattr(error, "retriable", False) else logging.WARNING
+        self._note(f"error-{p.key}-{code}", f"{self.name}: {p.topic}-{p.partition}: broker "
+                   f"{self.leader_id} answered {error!r}; retrying", level=level)
+        self._delay([p])
+
+    def _out_of_range(self, p: _Followed) -> None:
+        """The leader refused our fetch offset: below its log start -> start over at its log
+        start; past its LEO (an unclean election lost records) -> cut to its LEO."""
+        side = self.manager.local.side(p.handle)
+        try:
+            start, end = self.manager.local.leader_offsets(p.topic, p.partition, p.leader_id)
+            if p.fetch_offset > end:
+                log.warning("%s: %s-%d LEO %d is past leader %d's LEO %d: truncating to it",
+                            self.name, p.topic, p.partition, p.fetch_offset, p.leader_id, end)
+                ok = side.truncate(p.generation, end)
+            elif p.fetch_offset < start:
+                log.info("%s: %s-%d LEO %d is below leader %d's log start %d: starting over "
+                         "there", self.name, p.topic, p.partition, p.fetch_offset,
+                         p.leader_id, start)
+                ok = side.truncate_fully(p.generation, start)
+            else:
+                self._delay([p])
+                return
+            position = side.follower_position(p.generation) if ok else None
+        except Exception as exc:  # noqa: BLE001 - retried after the backoff
+            self._note(f"range-{p.key}", f"{self.name}: {p.topic}-{p.partition}: leader "
+                       f"offsets unavailable ({exc!r})")
+            self._delay([p])
+            return
+        self._moved_to(p, position)
+
+
+class BrokerFetcherManager:
+    """The fetcher threads of broker ``broker_id``, one per leader broker (see the module
+    docstring). ``endpoint(broker_id)`` answers a leader broker's (host, port) or None."""
+
+    def __init__(self, broker_id: int, settings: FetcherSettings,
+                 endpoint: Callable[[int], tuple[str, int] | None], local: LocalReplicas):
+        self.broker_id = broker_id
+        self.settings = settings
+        self.endpoint = endpoint
+        self.local = local
+        self._lock = threading.Lock()
+        self._threads: dict[int, BrokerFetcherThread] = {}
+        self._where: dict[tuple[str, int], int] = {}        # partition -> leader id
+        self._closed = False
+
+    def follow(self, topic: str, partition: int, leader_id: int, leader_epoch: int,
+               generation: int, handle) -> None:
+        """Fetch ``topic-partition`` for the local replica ``handle`` from ``leader_id`` in
+        ``leader_epoch`` (its ``generation``); a repeat of the current target is a no-op."""
+        key = (topic, partition)
+        with self._lock:
+            if self._closed:
+                return
+            old_leader = self._where.get(key)
+            if old_leader is not None:
+                thread = self._threads[old_leader]
+                current = thread.get(key)
+                if current is not None and current.same(leader_id, leader_epoch, generation,
+                                                        handle):
+                    return
+                thread.remove(key)
+            thread = self._threads.get(leader_id)
+            if thread is None:
+                thread = self._threads[leader_id] = BrokerFetcherThread(self, leader_id)
+            self._where[key] = leader_id
+            thread.add(_Followed(topic, partition, leader_id, leader_epoch, generation,
+                                 handle))
+
+    def unfollow(self, topic: str, partition: int) -> None:
+        """Stop fetching ``topic-partition`` (this broker leads it now, or stopped it)."""
+        with self._lock:
+            leader = self._where.pop((topic, partition), None)
+            if leader is not None:
+                self._threads[leader].remove((topic, partition))
+
+    def status(self) -> list[dict]:
+        with self._lock:
+            threads = list(self._threads.values())
+        return [t.status() for t in threads]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            threads, self._threads = list(self._threads.values()), {}
+            self._where.clear()
+        for t in threads:
+            t.stop()
+        for t in threads:
+            t.join(5.0)
+
+
+# -- Ray ------------------------------------------------------------------------------------
+class _RayFollowerSide:
+    """FollowerSide through Ray calls to the local replica actor (truncation only)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def _call(self, method: str, *args):
+        import ray
+        from ..protocol import unwrap
+        try:
+            return ray.get(getattr(self.handle, method).remote(*args),
+                           timeout=REQUEST_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the replica's typed error, unwrapped
+            raise unwrap(exc) from None
+
+    def follower_position(self, generation):
+        return self._call("follower_position", generation)
+
+    def latest_epoch(self, generation):
+        return self._call("latest_epoch", generation)
+
+    def epoch_end_offset(self, generation, epoch):
+        return self._call("epoch_end_offset", generation, epoch)
+
+    def truncate(self, generation, offset):
+        return self._call("truncate", generation, offset)
+
+    def truncate_fully(self, generation, offset):
+        return self._call("truncate_fully", generation, offset)
+
+    def apply_fetch(self, generation, fetch_offset, result):  # the channel carries these
+        raise KafkaError("follower appends go through the replica channel")
+
+
+class RayLocalReplicas:
+    """LocalReplicas over Ray: a replica's channel address and follower calls through its
+    actor handle; a leader's offsets through its actor, found by name in ``namespace``."""
+
+    def __init__(self, namespace: str | None):
+        self.namespace = namespace
+
+    def channel(self, handle):
+        import ray
+        from .replica_channel import ReplicaChannel
+        address = ray.get(handle.channel_address.remote(), timeout=REQUEST_TIMEOUT_S)
+        return ReplicaChannel(address)
+
+    def side(self, handle) -> FollowerSide:
+        return _RayFollowerSide(handle)
+
+    def leader_offsets(self, topic, partition, leader_id):
+        from .fetcher import RayLeaderLink
+        return RayLeaderLink(self.namespace, topic, partition, leader_id).log_offsets()
+
+
+__all__ = ["BrokerFetcherManager", "BrokerFetcherThread", "LocalReplicas",
+           "RayLocalReplicas"]

@@ -1,0 +1,185 @@
+"""The follower broker's fetcher (actors/server/broker_fetcher.py) without Ray: a leader
+"broker" (a real listener: SocketServer + KafkaApis + BrokerBackend over in-process leader
+replicas) and a BrokerFetcherManager feeding in-process follower replicas over their
+channels. One Fetch per round for every followed partition; acks=all completes once the
+followers' next fetch reports the batch; truncation by epoch; a stale generation leaves
+the thread."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.server.broker_backend import BrokerBackend
+from actors.server.broker_fetcher import BrokerFetcherManager
+from actors.server.fetcher import FetcherSettings
+from actors.server.handlers import BrokerEndpoint, KafkaApis
+from actors.server.network import SocketServer, SocketServerConfig
+from actors.server.replica import PartitionReplica
+from actors.server.replica_channel import ReplicaChannel, wait
+from storage.records import build, decode_records
+
+LEADER, FOLLOWER = 0, 1
+
+
+class _Lookup:
+    """The leader broker's ReplicaLookup over in-process replicas."""
+
+    def __init__(self, replicas):
+        self.replicas = replicas
+
+    def handle(self, topic, partition):
+        return self.replicas.get((topic, partition))
+
+    def channel_address(self, handle):
+        return handle.channel_address()
+
+    def list_offset(self, handle, timestamp):
+        raise AssertionError("not used here")
+
+    def end_offset_for_epoch(self, handle, leader_epoch):
+        return handle.offsets_for_leader_epoch(leader_epoch)
+
+
+class _Local:
+    """The follower broker's LocalReplicas over in-process replicas."""
+
+    def __init__(self, leaders):
+        self.leaders = leaders
+
+    def channel(self, handle):
+        return ReplicaChannel(handle.channel_address())
+
+    def side(self, handle):
+        return handle
+
+    def leader_offsets(self, topic, partition, leader_id):
+        log = self.leaders[(topic, partition)].log
+        return log.log_start_offset, log.log_end_offset
+
+
+class Pair:
+    """Two partitions led on broker 0 and followed on broker 1."""
+
+    def __init__(self, tmp_path, partitions=2):
+        self.keys = [("t", p) for p in range(partitions)]
+        self.leaders = {k: PartitionReplica(*k, LEADER, str(tmp_path / "l"), {})
+                        for k in self.keys}
+        self.followers = {k: PartitionReplica(*k, FOLLOWER, str(tmp_path / "f"), {})
+                          for k in self.keys}
+        self.epochs = {k: 0 for k in self.keys}
+        for k in self.keys:
+            self.leaders[k].become_leader(0, [LEADER, FOLLOWER], [LEADER, FOLLOWER])
+        metadata = {"controller_id": 0, "brokers": {}, "topics": {"t": {
+            p: {"leader": LEADER, "leader_epoch": 0, "isr": [0, 1], "replicas": [0, 1]}
+            for _, p in self.keys}}}
+        self.backend = BrokerBackend(LEADER, metadata=lambda: metadata,
+                                     leader_epochs=lambda: dict(self.epochs),
+                                     replicas=_Lookup(self.leaders),
+                                     endpoint=BrokerEndpoint(LEADER, "127.0.0.1", 0))
+        self.apis = KafkaApis(self.backend)
+        self.backend.on_change = self.apis.notify
+        self.server = SocketServer(self.apis, SocketServerConfig(host="127.0.0.1", port=0,
+                                                                 io_threads=2))
+        self.server.start()
+        port = self.server.port
+        self.manager = BrokerFetcherManager(
+            FOLLOWER, FetcherSettings(wait_max_ms=500, backoff_ms=50),
+            lambda b: ("127.0.0.1", port) if b == LEADER else None, _Local(self.leaders))
+
+    def follow_all(self, epoch=0):
+        for k, f in self.followers.items():
+            state = f.become_follower(LEADER, epoch, [0, 1], [0, 1], fetch=False)
+            self.manager.follow(*k, LEADER, epoch, state["generation"], f)
+
+    def close(self):
+        self.manager.close()
+        self.server.close()
+        self.apis.close()
+        self.backend.close()
+        for r in [*self.leaders.values(), *self.followers.values()]:
+            r.stop()
+
+
+@pytest.fixture
+def pair(tmp_path):
+    p = Pair(tmp_path)
+    yield p
+    p.close()
+
+
+def _until(predicate, timeout_s=10.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def test_acks_all_completes_once_the_follower_fetched_the_batch(pair):
+    """A produce with acks=all through the leader's listener path (its replica channel)
+    answers once the follower's fetcher applied the batch and its next fetch told the
+    leader: both logs then hold the same bytes."""
+    pair.follow_all()
+    chan = ReplicaChannel(pair.leaders[("t", 0)].channel_address())
+    for i in range(20):
+        wait(chan.produce(build([b"r%d" % i]), acks=-1, timeout_ms=10000), 15)
+    chan.close()
+    leader, follower = pair.leaders[("t", 0)], pair.followers[("t", 0)]
+    assert leader.high_watermark == 20
+    assert follower.log.read(0, 1 << 20) == leader.log.read(0, 1 << 20)
+    _until(lambda: follower.high_watermark >= 19, what="the follower's HW")
+
+
+def test_one_fetch_per_round_carries_every_followed_partition(pair):
+    """Both partitions ride in the same Fetch: the fetcher's request count stays about the
+    number of rounds, not rounds x partitions, and each follower gets its partition's
+    records."""
+    pair.follow_all()
+    for k, leader in pair.leaders.items():
+        leader.produce(build([b"%s-%d" % (k[0].encode(), k[1])] * 50), 1, 1000)
+    _until(lambda: all(f.log.log_end_offset == 50 for f in pair.followers.values()),
+           what="both followers caught up")
+    status = pair.manager.status()
+    assert len(status) == 1 and set(status[0]["partitions"]) == {"t-0", "t-1"}
+    fetches = status[0]["fetches"]
+    for k, f in pair.followers.items():
+        values = [r.value for r in decode_records(f.log.read(0, 1 << 20))]
+        assert values == [b"t-%d" % k[1]] * 50
+    # two partitions with data in one answer: far fewer fetches than 2 per produce round
+    assert fetches <= 10
+
+
+def test_a_follower_with_a_divergent_tail_truncates_by_epoch_before_fetching(pair):
+    """The follower's log has records of an epoch the leader never had past the leader's
+    end of that epoch (KIP-101): they are cut before the leader's records are appended."""
+    key = ("t", 0)
+    leader, follower = pair.leaders[key], pair.followers[key]
+    leader.produce(build([b"common"]), 1, 1000)
+    # the follower once led epoch 0 too, and wrote two records the leader never had
+    follower.become_leader(0, [FOLLOWER], [LEADER, FOLLOWER])
+    follower.produce(build([b"common"]), 1, 1000)
+    follower.produce(build([b"lost-a", b"lost-b"]), 1, 1000)
+    assert follower.log.log_end_offset == 3
+    pair.epochs[key] = 1
+    leader.become_leader(1, [LEADER, FOLLOWER], [LEADER, FOLLOWER])
+    leader.produce(build([b"new"]), 1, 1000)
+    state = follower.become_follower(LEADER, 1, [0, 1], [0, 1], fetch=False)
+    pair.manager.follow(*key, LEADER, 1, state["generation"], follower)
+    _until(lambda: follower.log.log_end_offset == 2, what="truncated and caught up")
+    values = [r.value for r in decode_records(follower.log.read(0, 1 << 20))]
+    assert values == [b"common", b"new"]
+
+
+def test_a_replica_that_moved_on_leaves_the_fetcher_and_is_not_written(pair):
+    """Once the follower replica becomes leader (a new generation), an answer for its old
+    generation appends nothing and the partition leaves the fetcher thread."""
+    pair.follow_all()
+    key = ("t", 1)
+    follower = pair.followers[key]
+    follower.become_leader(1, [FOLLOWER], [LEADER, FOLLOWER])
+    pair.leaders[key].produce(build([b"late"] * 5), 1, 1000)
+    _until(lambda: "t-1" not in pair.manager.status()[0]["partitions"],
+           what="the partition leaving the thread")
+    assert follower.log.log_end_offset == 0
