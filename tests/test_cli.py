@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -261,6 +262,43 @@ def test_stop_then_start_keeps_topics_and_records(daemon):
     out = cli(daemon, "consume", "cli-durable", "--from-beginning", "--max-messages", "100")
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().split() == [f"r{i}" for i in range(100)]
+
+
+def _free_port_run(n: int) -> int:
+    """A port P with P..P+n-1 all free on 127.0.0.1 (checked by binding them)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+    raise AssertionError("no run of free ports")
+
+
+def test_start_with_a_port_puts_broker_i_on_port_plus_i(daemon):
+    """`start --port P` (after a stop): broker i's Kafka listener is 127.0.0.1:P+i, and
+    `status --bootstrap` prints exactly those; a range past 65535 is a usage error."""
+    assert cli(daemon, "stop").returncode == 0
+    assert_one_line_error(cli(daemon, "start", "--brokers", "2", "--port", "65535"), 2,
+                          "65536")
+    port = _free_port_run(2)
+    out = cli(daemon, "start", "--brokers", "2", "--port", str(port), timeout=240)
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    out = cli(daemon, "status", "--bootstrap")
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().strip() == f"127.0.0.1:{port},127.0.0.1:{port + 1}"
 
 
 def _alive(pid: int) -> bool:

@@ -95,6 +95,9 @@ def cmd_start(args) -> int:
         elif int(elapsed_s * 2) % 10 == 0:  # a line every ~5 s when not on a terminal
             _err(line)
 
+    if args.port and args.port + args.brokers - 1 > 65535:
+        raise UsageError(f"--port {args.port} with {args.brokers} brokers needs ports up to "
+                         f"{args.port + args.brokers - 1} (the last is 65535)")
     if args.wait_workers and not args.ray_address:
         raise UsageError("--wait-workers waits for the worker nodes of the Ray given with "
                          "--ray-address")
@@ -105,7 +108,8 @@ def cmd_start(args) -> int:
         state = daemon.start_daemon(namespace=args.namespace, brokers=args.brokers,
                                     data_dir=args.data_dir, zk=args.zk,
                                     ray_address=args.ray_address,
-                                    timeout_s=args.timeout, progress=progress)
+                                    timeout_s=args.timeout, progress=progress,
+                                    port=args.port)
     finally:
         if interactive:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
@@ -747,6 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --ray-address: first wait (up to --timeout) until that Ray has "
                         "N worker nodes, so that the brokers go one per worker (the workers "
                         "of a `ray up` cluster join after its head; default 0: no wait)")
+    s.add_argument("--port", type=_listener_port, default=None, metavar="P",
+                   help="the Kafka listeners' ports: broker i on P+i (default: free ports; "
+                        "`raykafka status --bootstrap` prints them)")
     s.add_argument("--timeout", type=_positive_float, default=150.0,
                    help="seconds to wait for the cluster (default 150)")
     s = cmd(sub, "stop", cmd_stop, "stop the cluster `start` left running")
@@ -882,6 +889,14 @@ def _int_at_least(text: str, minimum: int, expected: str) -> int:
 
 def _positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
+
+
+def _listener_port(text: str) -> int:
+    """``--port``: a TCP port for broker 0 (broker i gets P+i, so leave room above it)."""
+    port = _int_at_least(text, 1, "a port number (1-65535)")
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
 
 
 def _non_negative_int(text: str) -> int:

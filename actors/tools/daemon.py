@@ -110,7 +110,7 @@ def default_data_dir(namespace: str) -> str:
 
 def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str | None,
                  ray_address: str | None = None, timeout_s: float = START_TIMEOUT_S,
-                 progress=None) -> dict:
+                 progress=None, port: int | None = None) -> dict:
     """Spawn the daemon and wait until its state file says "ready"; returns the state.
 
     ``progress(elapsed_s, status)`` is called about every half second while waiting.
@@ -129,6 +129,8 @@ def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str 
         cmd += ["--zk", zk]
     if ray_address:
         cmd += ["--ray-address", ray_address]
+    if port:
+        cmd += ["--port", str(port)]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -265,8 +267,18 @@ def _ray_pids() -> list[int]:
         return []
 
 
+def listeners_for_port(port: int | None, attached: bool) -> dict:
+    """The cluster config ``raykafka start --port P`` stands for: broker i listens on P+i
+    (broker.listener_settings), on 127.0.0.1 for the local Ray, on every address of its
+    node for a Ray it attached to (Kafka's ``PLAINTEXT://:P``: the node's address is what
+    the broker advertises)."""
+    if not port:
+        return {}
+    return {"listeners": f"PLAINTEXT://{'' if attached else '127.0.0.1'}:{port}"}
+
+
 def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
-               ray_address: str | None = None) -> int:
+               ray_address: str | None = None, port: int | None = None) -> int:
     from ..cluster import Cluster
     stop = threading.Event()
     base = {"namespace": namespace, "pid": os.getpid(), "data_dir": data_dir,
@@ -285,7 +297,8 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
             # our own Ray, with the job server `ray job submit` needs (loopback, free port)
             raycompat.init_local(namespace, dashboard=True)
         cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, zk=zk,
-                                namespace=namespace)
+                                namespace=namespace,
+                                config=listeners_for_port(port, ray_address is not None))
     except BaseException as exc:
         print(f"raykafka-daemon: failed to start: {type(exc).__name__}: {exc}", flush=True)
         remove_state(namespace, os.getpid())
@@ -327,9 +340,10 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", required=True)
     p.add_argument("--zk", default=None)
     p.add_argument("--ray-address", default=None)
+    p.add_argument("--port", type=int, default=None)
     a = p.parse_args(argv)
     return run_daemon(a.namespace, a.brokers, os.path.abspath(a.data_dir), a.zk,
-                      a.ray_address)
+                      a.ray_address, a.port)
 
 
 if __name__ == "__main__":
