@@ -39,6 +39,10 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+#: How many of the newest batches' positions a segment remembers (``_recent``).
+RECENT_BATCHES = 256
+
+
 class BatchInfo(NamedTuple):
     """What a segment needs to know of a batch it appends (after offsets are assigned)."""
 
@@ -76,6 +80,10 @@ class LogSegment:
         self.directory = directory
         self.base_offset = base_offset
         self.suffix = suffix
+        # where the newest batches start (base offset -> position): a read at the tail (a
+        # follower's fetch, a consumer's, the leader's push to its broker) starts there
+        # instead of scanning headers from the index entry before it
+        self._recent: dict[int, int] = {}
         self.index_interval_bytes = index_interval_bytes
         stem = os.path.join(directory, segment_name(base_offset))
         flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
@@ -95,7 +103,11 @@ class LogSegment:
     # -- names ------------------------------------------------------------------------
     @property
     def log_path(self) -> str:
-        return os.path.join(self.directory, segment_name(self.base_offset) + ".log" + self.suffix)
+        cached = self.__dict__.get("_log_path")
+        if cached is None or cached[0] != self.suffix:
+            cached = self._log_path = (self.suffix, os.path.join(
+                self.directory, segment_name(self.base_offset) + ".log" + self.suffix))
+        return cached[1]
 
     def paths(self) -> list[str]:
         return [self.log_path, self.offset_index.path, self.time_index.path]
@@ -107,6 +119,10 @@ class LogSegment:
         self.offset_index.rename(stem + ".index" + suffix)
         self.time_index.rename(stem + ".timeindex" + suffix)
         self.suffix = suffix
+        # where the newest batches start (base offset -> position): a read at the tail (a
+        # follower's fetch, a consumer's, the leader's push to its broker) starts there
+        # instead of scanning headers from the index entry before it
+        self._recent: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return (f"LogSegment(base_offset={self.base_offset}, size={self.size}, "
@@ -142,6 +158,7 @@ class LogSegment:
             if info.max_timestamp > self.max_timestamp:
                 self.max_timestamp = info.max_timestamp
                 self.offset_of_max_timestamp = info.last_offset
+            self._note_recent(info.base_offset, position)
             position += info.size
             self._bytes_since_index += info.size
         if infos:
@@ -208,7 +225,9 @@ class LogSegment:
         none before ``end``). Starts from the index; a stale index entry that does not point
         at a batch starting at or before ``offset`` falls back to a scan from the start."""
         end = self.size if end is None else end
-        start = self.offset_index.lookup(offset - self.base_offset)
+        start = self._recent.get(offset)
+        if start is None:
+            start = self.offset_index.lookup(offset - self.base_offset)
         if start >= end:
             start = 0
         try:
@@ -331,7 +350,14 @@ class LogSegment:
         self.time_index.rewrite()
         return cut
 
+    def _note_recent(self, base_offset: int, position: int) -> None:
+        recent = self._recent
+        recent[base_offset] = position
+        if len(recent) > RECENT_BATCHES:
+            del recent[next(iter(recent))]           # the oldest (insertion order)
+
     def _reset_state(self) -> None:
+        self._recent = {}
         self.offset_index.reset()
         self.time_index.reset()
         self.size = 0
@@ -364,6 +390,7 @@ class LogSegment:
         if header is None:
             return 0
         old = self.size
+        self._recent = {}
         os.ftruncate(self._fd.fd, header.position)
         self.size = header.position
         self.offset_index.truncate_to_position(header.position)

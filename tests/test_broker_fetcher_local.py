@@ -80,6 +80,7 @@ class Pair:
                                      endpoint=BrokerEndpoint(LEADER, "127.0.0.1", 0))
         self.apis = KafkaApis(self.backend)
         self.backend.on_change = self.apis.notify
+        self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, SocketServerConfig(host="127.0.0.1", port=0,
                                                                  io_threads=2))
         self.server.start()

@@ -69,6 +69,24 @@ def test_read_returns_whole_batches_within_max_bytes(tmp_path):
         _stored_matches(stored, written[1:4])
 
 
+def test_reads_at_the_newest_batches_are_right_after_a_truncation_and_new_appends(tmp_path):
+    """The segment remembers where its newest batches start (reads at the tail skip the
+    header scan): after a truncation into them and different appends, every read still
+    returns the batch that holds its offset now."""
+    with Log.open(str(tmp_path), LogConfig(index_interval_bytes=4096)) as log:
+        written = _fill(log, 300)
+        for base, _, _ in written[-50:]:
+            assert next(iter_headers(log.read(base, 1))).base_offset == base
+        log.truncate_to(written[280][0] + 1)          # cuts inside batch 280: it goes
+        again = _fill(log, 30, records=2)
+        assert again[0][0] == written[280][0]
+        for base, last, _ in again:
+            for offset in (base, last):
+                first = next(iter_headers(log.read(offset, 1)))
+                assert (first.base_offset, first.last_offset) == (base, last)
+        assert_contiguous(read_all(log), 0, log.log_end_offset)
+
+
 def test_first_batch_larger_than_max_bytes_is_returned_whole(tmp_path):
     """A first batch larger than max_bytes still comes back whole (and alone), so a reader
     always makes progress."""

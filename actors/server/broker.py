@@ -254,6 +254,7 @@ class Broker:
             cluster_id=self.cluster_id)
         self.apis = KafkaApis(self.backend)
         self.backend.on_change = self.apis.notify
+        self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, settings)
         try:
             self.server.start()

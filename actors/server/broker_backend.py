@@ -192,6 +192,9 @@ class BrokerBackend:
         self.cluster_id = cluster_id
         self.endpoint = endpoint
         self.on_change = on_change
+        # ``on_change`` for the channel's reader thread: True when done, False when a
+        # fetch needs the replica (then the notifier thread calls ``on_change``)
+        self.on_change_inline: Callable[[str, int], bool] | None = None
         self._metadata = metadata
         self._leader_epochs = leader_epochs
         self._replicas = replicas
@@ -384,8 +387,17 @@ class BrokerBackend:
                 del self._links[(topic, partition)]
 
     def _watched(self, key: tuple[str, int], link: _Link, ev) -> None:
-        """The watch's callback, on the channel's reader thread: record, hand over."""
+        """The watch's callback, on the channel's reader thread: record; wake the fetches
+        waiting on the partition right here when what they read is in the pushed tail
+        (``on_change_inline``), else hand over to the notifier thread."""
         link.pushed(ev)
+        inline = self.on_change_inline
+        if inline is not None:
+            try:
+                if inline(*key):
+                    return
+            except Exception:  # noqa: BLE001 - the notifier tries again
+                log.exception("broker %d: waking fetches of %s-%d", self.broker_id, *key)
         with self._wake:
             self._changed.add(key)
             self._wake.notify()

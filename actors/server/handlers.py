@@ -46,6 +46,9 @@ READ_COMMITTED = 1
 
 class NeedsReplica(Exception):
     """A read with ``cached_only`` that would have to wait for the replica."""
+
+
+_INLINE = threading.local()        # notify_inline's thread: reads must not wait
 _ERR = wire.ERRORS_BY_NAME
 
 
@@ -293,6 +296,20 @@ class KafkaApis:
     def notify(self, topic: str, partition: int) -> None:
         """The partition's data or high watermark moved: wake the fetches waiting on it."""
         self.fetch_purgatory.notify((topic, partition))
+
+    def notify_inline(self, topic: str, partition: int) -> bool:
+        """``notify`` on a thread that must not wait for a replica (a replica channel's
+        reader, which delivers those answers): the woken fetches read only what the
+        backend holds. False when one of them needs the replica: then ``notify`` must run
+        elsewhere (the fetches not tried yet still wait)."""
+        _INLINE.active = True
+        try:
+            self.fetch_purgatory.notify((topic, partition))
+        except NeedsReplica:
+            return False
+        finally:
+            _INLINE.active = False
+        return True
 
     def handle(self, request: Request):
         handler = self._handlers.get(request.header.api_key)
@@ -554,7 +571,8 @@ class _FetchRead:
                     got = backend.read(topic, index, p["fetch_offset"], limit if limit > 0
                                        else -1, replica_id=replica_id,
                                        isolation_level=isolation,
-                                       cached_only=self.cached_only)
+                                       cached_only=self.cached_only
+                                       or getattr(_INLINE, "active", False))
                     total += len(got.data)
                     partitions.append({
                         "partition_index": index, "error_code": wire.NONE,

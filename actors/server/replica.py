@@ -176,6 +176,7 @@ class PartitionReplica:
         self._isr_blocked = False      # a stale zk_version: wait for the next LeaderAndIsr
         self._isr_retry_at_ms = 0
         self._fetcher: ReplicaFetcher | None = None
+        self._ack_waiters: list = []   # when_acked: (last, leadership, deadline, ms, cb)
         self._channel = None           # ReplicaChannelServer, started by channel_address
         self.alter_partition_fn = None  # tests may inject; else the Broker actor is called
         self.isr_proposals = 0
@@ -242,7 +243,7 @@ class PartitionReplica:
             self._move_hw_locked()
             if not self._state.single_replica:
                 self._start_isr_thread_locked()
-            self._changed.notify_all()
+            self._notify_locked()
             self._isr_wake.notify_all()
         if fetcher is not None:
             fetcher.stop()
@@ -290,7 +291,7 @@ class PartitionReplica:
                         leader_epoch=leader_epoch, generation=self._generation,
                         settings=self.fetcher_settings, name=f"{self.topic}-{self.partition}")
                     self._fetcher.start()
-            self._changed.notify_all()
+            self._notify_locked()
             self._isr_wake.notify_all()
         if old is not None:
             old.stop()
@@ -305,7 +306,7 @@ class PartitionReplica:
                 self._leadership += 1
                 log.warning("%s-%d on broker %d fenced: acknowledging nothing until the next "
                             "LeaderAndIsr", self.topic, self.partition, self.broker_id)
-            self._changed.notify_all()
+            self._notify_locked()
             self._isr_wake.notify_all()
         return self.state()
 
@@ -338,7 +339,7 @@ class PartitionReplica:
         if min_insync_replicas is not None:
             with self._lock:
                 self.min_insync_replicas = int(min_insync_replicas)
-                self._changed.notify_all()
+                self._notify_locked()
 
     # -- leader: the high watermark ---------------------------------------------------------
     def _move_hw_locked(self) -> bool:
@@ -347,7 +348,7 @@ class PartitionReplica:
         if state is None or not state.update_high_watermark(self.log.log_end_offset):
             return False
         self._hw = state.high_watermark
-        self._changed.notify_all()
+        self._notify_locked()
         return True
 
     def _acking(self, leadership: int) -> bool:
@@ -385,7 +386,7 @@ class PartitionReplica:
                                        validate_records=True)
             leadership = self._leadership
             if not self._move_hw_locked():
-                self._changed.notify_all()        # followers' long polls: new data
+                self._notify_locked()        # followers' long polls: new data
         self.upkeep.after_append()
         # the timestamp the log stamped (LogAppendTime), never a second clock reading
         return ProduceResult(appended.base_offset, appended.last_offset,
@@ -401,27 +402,73 @@ class PartitionReplica:
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         with self._lock:
             while True:
-                if not self._acking(leadership):
-                    raise NotLeaderForPartitionError(
-                        f"{self.topic}-{self.partition}: broker {self.broker_id} stopped "
-                        f"leading while offset {last_offset} waited for its followers")
-                if self._hw > last_offset:
-                    if len(self.isr) < self.min_insync_replicas:
-                        raise NotEnoughReplicasAfterAppendError(
-                            f"{self.topic}-{self.partition}: ISR {self.isr} shrank below "
-                            f"min.insync.replicas={self.min_insync_replicas}")
+                outcome = self._ack_outcome_locked(last_offset, leadership, deadline,
+                                                   timeout_ms)
+                if outcome is True:
                     return
-                if len(self.isr) < self.min_insync_replicas:
-                    raise NotEnoughReplicasAfterAppendError(
-                        f"{self.topic}-{self.partition}: ISR {self.isr} shrank below "
-                        f"min.insync.replicas={self.min_insync_replicas} while offset "
-                        f"{last_offset} waited")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RequestTimedOutError(
-                        f"{self.topic}-{self.partition}: offset {last_offset} not replicated "
-                        f"to ISR {self.isr} within {timeout_ms} ms (HW {self._hw})")
-                self._changed.wait(remaining)
+                if outcome is not None:
+                    raise outcome
+                self._changed.wait(deadline - time.monotonic())
+
+    def when_acked(self, last_offset: int, leadership: int, timeout_ms: int,
+                   callback) -> float | None:
+        """``await_acks`` without a thread: ``callback(True or the typed error)`` once the
+        wait is over, from whichever thread moved the replica (under its lock: the
+        callback must only hand the outcome on) or from this call; a wait past its
+        deadline ends when ``expire_acks`` is next called. The deadline (monotonic s) of
+        a wait that goes on, None when the callback already ran."""
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        with self._lock:
+            outcome = self._ack_outcome_locked(last_offset, leadership, deadline, timeout_ms)
+            if outcome is None:
+                self._ack_waiters.append((last_offset, leadership, deadline, timeout_ms,
+                                          callback))
+                return deadline
+        callback(outcome)
+        return None
+
+    def expire_acks(self) -> None:
+        """End the ``when_acked`` waits past their deadline (RequestTimedOutError)."""
+        with self._lock:
+            self._settle_acks_locked()
+
+    def _settle_acks_locked(self) -> None:
+        waiting = []
+        for w in self._ack_waiters:
+            outcome = self._ack_outcome_locked(*w[:4])
+            if outcome is None:
+                waiting.append(w)
+            else:
+                w[4](outcome)
+        self._ack_waiters = waiting
+
+    def _notify_locked(self) -> None:
+        """Something a waiter waits for changed (an append, the HW, the ISR, the role)."""
+        self._changed.notify_all()
+        if self._ack_waiters:
+            self._settle_acks_locked()
+
+    def _ack_outcome_locked(self, last_offset: int, leadership: int, deadline: float,
+                            timeout_ms: int):
+        """True when an acks=-1 append up to ``last_offset`` may answer, the typed error
+        that ends its wait, or None while it waits."""
+        if not self._acking(leadership):
+            return NotLeaderForPartitionError(
+                f"{self.topic}-{self.partition}: broker {self.broker_id} stopped "
+                f"leading while offset {last_offset} waited for its followers")
+        if len(self.isr) < self.min_insync_replicas:
+            return NotEnoughReplicasAfterAppendError(
+                f"{self.topic}-{self.partition}: ISR {self.isr} shrank below "
+                f"min.insync.replicas={self.min_insync_replicas}"
+                + ("" if self._hw > last_offset else
+                   f" while offset {last_offset} waited"))
+        if self._hw > last_offset:
+            return True
+        if time.monotonic() >= deadline:
+            return RequestTimedOutError(
+                f"{self.topic}-{self.partition}: offset {last_offset} not replicated "
+                f"to ISR {self.isr} within {timeout_ms} ms (HW {self._hw})")
+        return None
 
     def fetch(self, offset: int, max_bytes: int = 1 << 20, max_wait_ms: int = 0,
               min_bytes: int = 1, *, isolation: str = "high_watermark") -> FetchResult:
@@ -645,7 +692,7 @@ class PartitionReplica:
                 log.warning("%s-%d: ISR change %s not made (alter_partition failed: %r); "
                             "retrying in %.0f s", self.topic, self.partition, new_isr, error,
                             ALTER_PARTITION_RETRY_S)
-            self._changed.notify_all()
+            self._notify_locked()
 
     def _apply_isr_answer(self, state: LeaderState, answer: dict, proposed: list[int]) -> None:
         if answer.get("leader") != self.broker_id or \
@@ -659,7 +706,8 @@ class PartitionReplica:
             self._isr_retry_at_ms = self._clock_ms() + int(ALTER_PARTITION_RETRY_S * 1000)
         self.isr = list(state.isr)
         self.zk_version = int(answer.get("zk_version", self.zk_version))
-        self._move_hw_locked()
+        if not self._move_hw_locked():
+            self._notify_locked()       # acks=all waits: the ISR may be below min now
 
     def _alter_partition(self, epoch: int, new_isr: list[int], zk_version: int) -> dict:
         if self.alter_partition_fn is not None:
@@ -740,7 +788,7 @@ class PartitionReplica:
                 start = self.log.delete_records_before(result.log_start_offset)
                 self.epoch_cache.truncate_from_start(start)
             self._hw = self._clamp(min(result.high_watermark, leo))
-            self._changed.notify_all()
+            self._notify_locked()
         if result.data:
             self.upkeep.after_append()
         self._checkpoint_hw()
@@ -796,6 +844,12 @@ class PartitionReplica:
         return self.epoch_cache.entries
 
     # -- lifecycle --------------------------------------------------------------------------
+    def watch_state(self) -> tuple[int, int, int, int]:
+        """(high watermark, log end offset, log start offset, leadership) now."""
+        with self._lock:
+            return self._hw, self.log.log_end_offset, self.log.log_start_offset, \
+                self._leadership
+
     def wait_for_change(self, seen: tuple[int, int, int] | None, stop: threading.Event
                         ) -> tuple[int, int, int, int]:
         """(high watermark, log end offset, log start offset, leadership) as soon as the
@@ -817,7 +871,7 @@ class PartitionReplica:
     def wake(self) -> None:
         """Wake every waiter (a ``wait_for_change`` whose stop was set)."""
         with self._lock:
-            self._changed.notify_all()
+            self._notify_locked()
 
     def channel_address(self) -> str:
         """The address of this replica's local channel (server/replica_channel.py), started
@@ -844,7 +898,7 @@ class PartitionReplica:
             self._generation += 1
             fetcher, self._fetcher = self._fetcher, None
             channel, self._channel = self._channel, None
-            self._changed.notify_all()
+            self._notify_locked()
             self._isr_wake.notify_all()
         if channel is not None:
             channel.close()

@@ -59,12 +59,15 @@ allocated for it; at most ``max_workers`` requests wait at once per replica (the
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import heapq
 import logging
 import os
 import socket
 import struct
 import threading
+import time
 from typing import NamedTuple
 
 from .. import errors as _errors
@@ -169,6 +172,13 @@ class ReplicaChannelServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
+        # acks=all answers: ready ones are sent by the reader thread whose request made
+        # them ready, else by the acks thread (also the one that expires them)
+        self._acks_cond = threading.Condition()
+        self._acks_ready: collections.deque = collections.deque()
+        self._acks_deadlines: list[float] = []          # heap of the waits' deadlines
+        self._reader = threading.local()
+        threading.Thread(target=self._acks_loop, daemon=True, name="channel-acks").start()
         threading.Thread(target=self._accept_loop, daemon=True,
                          name="channel-accept").start()
 
@@ -176,6 +186,8 @@ class ReplicaChannelServer:
         with self._lock:
             self._closed = True
             conns, self._conns = list(self._conns), set()
+        with self._acks_cond:
+            self._acks_cond.notify()
         for s in [self._sock, *conns]:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -201,7 +213,9 @@ class ReplicaChannelServer:
                              name="channel-conn").start()
 
     def _serve(self, conn: socket.socket) -> None:
+        self._reader.active = True
         send_lock = threading.Lock()
+        watches: list[_Watch] = []
         ended = threading.Event()                       # watches of this connection stop
 
         def send(parts: list) -> None:
@@ -224,10 +238,16 @@ class ReplicaChannelServer:
                     return
                 request_id, op = struct.unpack_from("<IB", frame, 0)
                 if op == WATCH:
-                    threading.Thread(target=self._watch, args=(request_id, send, ended),
+                    watch = _Watch(request_id, send)
+                    watches.append(watch)
+                    threading.Thread(target=self._watch, args=(watch, ended),
                                      daemon=True, name="channel-watch").start()
                     continue
                 self._handle(request_id, op, memoryview(frame)[5:], send)
+                if self._acks_ready:
+                    self._send_acks()
+                for watch in watches:            # what this request changed, pushed now
+                    watch.push(self.replica)
         except (OSError, ConnectionError):
             return
         finally:
@@ -245,8 +265,14 @@ class ReplicaChannelServer:
                 # the append here, in arrival order; only the wait for the ISR elsewhere
                 result, leadership = self.replica.append_as_leader(batch, acks)
                 if acks == -1 and not self.replica.acked(result.last_offset):
-                    self._workers.submit(self._await, request_id, result, leadership,
-                                         timeout_ms, send)
+                    deadline = self.replica.when_acked(
+                        result.last_offset, leadership, timeout_ms,
+                        lambda outcome: self._acked(request_id, result, outcome, send))
+                    if deadline is not None:
+                        with self._acks_cond:
+                            heapq.heappush(self._acks_deadlines, deadline)
+                            if self._acks_deadlines[0] == deadline:
+                                self._acks_cond.notify()     # an earlier wake-up
                     return
                 send(self._produced(request_id, result))
             elif op == FETCH:
@@ -286,29 +312,53 @@ class ReplicaChannelServer:
                               result.log_append_time_ms, result.log_start_offset)
         return [_RESP.pack(5 + len(body), request_id, OK) + body]
 
-    def _await(self, request_id, result, leadership, timeout_ms, send) -> None:
-        try:
-            self.replica.await_acks(result.last_offset, leadership, timeout_ms)
-        except Exception as exc:  # noqa: BLE001
-            send(_error_frame(request_id, exc))
-            return
-        send(self._produced(request_id, result))
+    def _acked(self, request_id, result, outcome, send) -> None:
+        """``when_acked``'s callback (under the replica's lock: only queue the answer). On
+        one of this server's reader threads the answer goes out when its request is done;
+        from anywhere else (an ISR change, a Ray call) the acks thread sends it."""
+        self._acks_ready.append((request_id, result, outcome, send))
+        if not getattr(self._reader, "active", False):
+            with self._acks_cond:
+                self._acks_cond.notify()
 
-    def _watch(self, request_id: int, send, ended: threading.Event) -> None:
-        seen, pushed = None, None
+    def _send_acks(self) -> None:
+        while True:
+            try:
+                request_id, result, outcome, send = self._acks_ready.popleft()
+            except IndexError:
+                return
+            send(self._produced(request_id, result) if outcome is True
+                 else _error_frame(request_id, outcome))
+
+    def _acks_loop(self) -> None:
+        """Sends answers made ready off the reader threads, and ends the waits past their
+        deadline. Sleeps while nothing waits: no timer runs for an idle replica."""
+        while True:
+            with self._acks_cond:
+                while not self._acks_ready and not self._closed:
+                    if self._acks_deadlines:
+                        due = self._acks_deadlines[0] - time.monotonic()
+                        if due <= 0:
+                            heapq.heappop(self._acks_deadlines)
+                            break
+                        self._acks_cond.wait(due)
+                    else:
+                        self._acks_cond.wait()
+                if self._closed:
+                    return
+            self.replica.expire_acks()
+            self._send_acks()
+
+    def _watch(self, watch: "_Watch", ended: threading.Event) -> None:
+        """The watch's own thread: pushes the changes nobody else pushed (made off this
+        connection's reader thread: other connections, Ray calls, the ISR thread)."""
         while not ended.is_set():
             try:
-                hw, leo, start, leadership = self.replica.wait_for_change(seen, ended)
-                base = leo if pushed is None or pushed > leo or pushed < start else pushed
-                data, end = (self.replica.tail(base, TAIL_PUSH_BYTES) if base < leo
-                             else (b"", base))
+                self.replica.wait_for_change(watch.seen, ended)
             except Exception as exc:  # noqa: BLE001 - the replica stopped: say so, end
-                send(_error_frame(request_id, exc))
+                watch.send(_error_frame(watch.request_id, exc))
                 return
-            pushed, seen = end, (hw, end, leadership)
-            head = _WATCHED.pack(hw, leo, start, leadership, base, end)
-            send([_RESP.pack(5 + len(head) + len(data), request_id, OK) + head, data]
-                 if data else [_RESP.pack(5 + len(head), request_id, OK) + head])
+            watch.push(self.replica)
 
     def _fetch(self, request_id, args, send) -> None:
         try:
@@ -322,6 +372,39 @@ class ReplicaChannelServer:
     def _fetched(request_id: int, r) -> list:
         head = _FETCHED.pack(r.high_watermark, r.log_start_offset, r.log_end_offset)
         return [_RESP.pack(5 + len(head) + len(r.data), request_id, OK) + head, r.data]
+
+
+class _Watch:
+    """One watch of a connection: what it last pushed. Pushed by the connection's reader
+    thread right after a request that changed the replica (an append, a follower's
+    position: no thread to wake on that path), and by the watch's own thread for changes
+    made elsewhere; whichever comes first pushes, the other finds nothing new."""
+
+    def __init__(self, request_id: int, send):
+        self.request_id = request_id
+        self.send = send
+        self.lock = threading.Lock()
+        self.seen: tuple[int, int, int] | None = None     # (hw, pushed end, leadership)
+        self.pushed: int | None = None
+
+    def push(self, replica) -> None:
+        """Push what changed since the last push (read now, under this watch's lock, so two
+        pushers never send a state older than one already sent)."""
+        with self.lock:
+            try:
+                hw, leo, start, leadership = replica.watch_state()
+                if (hw, leo, leadership) == self.seen:
+                    return
+                pushed = self.pushed
+                base = leo if pushed is None or pushed > leo or pushed < start else pushed
+                data, end = replica.tail(base, TAIL_PUSH_BYTES) if base < leo else (b"", base)
+            except Exception:  # noqa: BLE001 - the replica is stopping: its thread says so
+                return
+            self.pushed, self.seen = end, (hw, end, leadership)
+            head = _WATCHED.pack(hw, leo, start, leadership, base, end)
+            self.send([_RESP.pack(5 + len(head) + len(data), self.request_id, OK) + head,
+                       data] if data else
+                      [_RESP.pack(5 + len(head), self.request_id, OK) + head])
 
 
 class ReplicaChannel:
