@@ -12,7 +12,8 @@ import time
 import pytest
 
 from actors.errors import (CorruptRecordError, IllegalArgumentError, KafkaTimeoutError,
-                           NotEnoughReplicasError, NotLeaderForPartitionError)
+                           NotEnoughReplicasError, NotLeaderForPartitionError,
+                           RequestTimedOutError)
 from actors.server import replica_channel
 from actors.server.replica import PartitionReplica
 from actors.server.replica_channel import ReplicaChannel, wait
@@ -341,3 +342,30 @@ def test_apply_appends_as_the_follower_and_refuses_another_generation(tmp_path):
     finally:
         leader.stop()
         follower.stop()
+
+
+def test_acks_all_waits_end_at_their_timeout_or_at_a_demotion_without_a_thread_each(tmp_path):
+    """Fifty acks=all produces whose follower never fetches: no thread is parked for any
+    of them; a 300 ms one answers REQUEST_TIMED_OUT about then (the acks thread expires
+    it), the others NOT_LEADER_OR_FOLLOWER as soon as the replica is demoted."""
+    replica = PartitionReplica("acks", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0, 1], [0, 1])
+        chan = ReplicaChannel(replica.channel_address())
+        threads_before = threading.active_count()
+        started = time.monotonic()
+        short = chan.produce(build([b"short"]), acks=-1, timeout_ms=300)
+        waiting = [chan.produce(build([b"w%d" % i]), acks=-1, timeout_ms=60000)
+                   for i in range(50)]
+        with pytest.raises(RequestTimedOutError):
+            wait(short, 10)
+        assert 0.25 <= time.monotonic() - started < 5
+        assert threading.active_count() <= threads_before + 2
+        assert not any(f.done() for f in waiting)
+        replica.become_follower(1, 1, [1], [0, 1], fetch=False)
+        for f in waiting:
+            with pytest.raises(NotLeaderForPartitionError):
+                wait(f, 5)
+        chan.close()
+    finally:
+        replica.stop()
