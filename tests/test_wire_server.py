@@ -626,6 +626,45 @@ def test_confluent_kafka_produces_and_consumes(broker):
     assert sum(high - low for low, high in lows_highs) == N_RECORDS
 
 
+def test_zstd_batches_of_librdkafka_are_stored_and_read_back_by_kafka_python(broker):
+    """confluent-kafka producing with compression.type=zstd: the broker stores its batches
+    as they came (codec 4 in their attributes), our decoder reads every record, and
+    kafka-python and confluent-kafka consumers read the same records back."""
+    ck = pytest.importorskip("confluent_kafka")
+    from kafka import KafkaConsumer, TopicPartition
+    from storage.records import CODEC_ZSTD, iter_headers
+    errors = []
+    producer = ck.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20,
+                            "compression.type": "zstd"})
+    want = [b"zstd value %d " % i * 5 for i in range(N_RECORDS)]
+    for i, value in enumerate(want):
+        producer.produce("events", key=b"k%d" % i, value=value, partition=i % 2,
+                         on_delivery=lambda err, msg: err and errors.append(err))
+    assert producer.flush(60) == 0 and errors == []
+    stored = []
+    for p in (0, 1):
+        data = broker.backend.log("events", p).read(0, 64 << 20)
+        assert {h.compression for h in iter_headers(data)} == {CODEC_ZSTD}
+        stored += [r.value for r in decode_records(data)]
+    assert sorted(stored) == sorted(want)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    consumer.assign([TopicPartition("events", p) for p in (0, 1)])
+    got = [m.value for m in consumer]
+    consumer.close()
+    assert sorted(got) == sorted(want)
+    ck_consumer = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused",
+                               "enable.auto.commit": False})
+    ck_consumer.assign([ck.TopicPartition("events", p, ck.OFFSET_BEGINNING) for p in (0, 1)])
+    got, deadline = [], time.monotonic() + 60
+    while len(got) < N_RECORDS and time.monotonic() < deadline:
+        for m in ck_consumer.consume(1000, 1.0):
+            assert m.error() is None, m.error()
+            got.append(m.value())
+    ck_consumer.close()
+    assert sorted(got) == sorted(want)
+
+
 def test_fuzzed_frames_while_a_producer_writes_lose_nothing_acknowledged(broker):
     """Thousands of random and mutated frames on many connections while kafka-python
     produces with acks=all: every acknowledged record is in the log in order, and the
