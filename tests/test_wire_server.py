@@ -387,10 +387,10 @@ def test_api_versions_advertises_exactly_the_implemented_set(broker):
 
 
 def test_unknown_api_key_closes_the_connection(broker):
-    """A request for an API the broker does not implement (FindCoordinator here) closes
+    """A request for an API the broker does not implement (AddPartitionsToTxn here) closes
     the connection, as Kafka does with a request it cannot parse."""
     with socket.create_connection(broker.server.address, timeout=10) as sock:
-        sock.sendall(_raw_request(1, api_key=10, payload=b"\x00\x01g\x00"))
+        sock.sendall(_raw_request(1, api_key=24, payload=b"\x00\x01g\x00"))
         assert _closed_by_server(sock)
 
 
