@@ -226,6 +226,17 @@ def _raw_call(cluster, api_key: int, version: int, body: dict, broker: int = 0, 
 
 
 # -- tests ----------------------------------------------------------------------------------
+def test_every_broker_advertises_the_group_apis_it_serves(cluster):
+    """A Broker's ApiVersions lists the data-plane and the group APIs, each at exactly the
+    codec's range (what is implemented, nothing more)."""
+    for broker in range(3):
+        body = _raw_call(cluster, wire.API_VERSIONS, 3, {"client_software_name": "t",
+                                                         "client_software_version": "1"},
+                         broker)
+        assert {k["api_key"]: (k["min_version"], k["max_version"])
+                for k in body["api_keys"]} == wire.SUPPORTED_VERSIONS
+
+
 def test_find_coordinator_answers_every_version_from_every_broker(cluster):
     """FindCoordinator v0-3 asked of any broker names the same node, the broker leading
     the group's __consumer_offsets partition, with its listener; a transaction key and an
