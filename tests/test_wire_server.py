@@ -441,7 +441,8 @@ def test_produce_appends_and_fetch_reads_back_the_batches(broker, version):
 
 def test_per_partition_errors_are_kafkas_codes(broker):
     """Unknown partition -> 3, an offset past the end -> 1, a stale or future leader epoch
-    -> 74 / 75, a batch that is not magic 2 -> 87; each requested partition is answered."""
+    -> 74 / 75, a batch that is not magic 2 -> 87; each requested partition is answered,
+    a failed one with an empty record set as Kafka answers it."""
     client = RawClient(broker.server.address)
     _produce(client, 9, "events", 0, [b"x"])
     body = client.call(wire.PRODUCE, 9, {"acks": 1, "timeout_ms": 100, "topic_data": [
@@ -459,6 +460,9 @@ def test_per_partition_errors_are_kafkas_codes(broker):
              "partition_max_bytes": 1000}]}]})
     assert [(p["partition_index"], p["error_code"])
             for p in body["responses"][0]["partitions"]] == [(0, 1), (1, 0), (0, 75)]
+    # a failed partition's records are empty, not null (librdkafka: "invalid MessageSetSize")
+    assert [bytes(p["records"]) for p in body["responses"][0]["partitions"]
+            if p["error_code"]] == [b"", b""]
     broker.backend.epoch = 2
     body = client.call(wire.LIST_OFFSETS, 7, {"replica_id": -1, "topics": [
         {"name": "events", "partitions": [{"partition_index": 0, "timestamp": -1,

@@ -587,8 +587,9 @@ class _FetchRead:
                     raise
                 except Exception as exc:
                     errors = True
+                    # records empty, not null, as Kafka's (librdkafka refuses a null set)
                     partitions.append({"partition_index": index, "error_code": _code(exc),
-                                       "high_watermark": -1, "records": None})
+                                       "high_watermark": -1, "records": b""})
             responses.append({"topic": topic, "partitions": partitions})
         return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0,
                 "responses": responses}, total, errors
