@@ -75,7 +75,6 @@ class Member:
         self.owned: set = set()
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._leave = True
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=kind)
 
@@ -84,9 +83,11 @@ class Member:
         assert self._started.wait(60), f"{self.kind} did not start"
         return self
 
-    def stop(self, leave: bool = True) -> None:
-        self._leave = leave
+    def stop(self) -> None:
+        """Stop polling and close the consumer; raises what its thread met."""
         self._stop.set()
+        if not self._thread.ident:
+            return                                 # never started
         self._thread.join(60)
         assert not self._thread.is_alive(), f"{self.kind} did not stop"
         assert self.error is None, self.error
@@ -143,14 +144,18 @@ class Member:
             consumer.close()
 
     def _run_aiokafka(self) -> None:
-        assert self.strategy == "range", "aiokafka: range and roundrobin only"
         asyncio.run(self._aiokafka())
 
     async def _aiokafka(self) -> None:
+        from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+        from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+        assignor = {"range": RangePartitionAssignor,            # aiokafka has no
+                    "roundrobin": RoundRobinPartitionAssignor}[self.strategy]  # cooperative
         consumer = aiokafka.AIOKafkaConsumer(
             self.topic, bootstrap_servers=self.cluster.bootstrap_servers,
             group_id=self.group, auto_offset_reset="earliest", enable_auto_commit=False,
-            session_timeout_ms=self.session_timeout_ms)
+            session_timeout_ms=self.session_timeout_ms,
+            partition_assignment_strategy=(assignor,))
         await consumer.start()
         self._started.set()
         try:
@@ -180,6 +185,20 @@ class Member:
                     consumer.commit()
         finally:
             consumer.close()
+
+
+def _stop_all(*members) -> None:
+    """Stop every member (each closes its consumer), then raise the first failure."""
+    failures = []
+    for m in members:
+        if m is None:
+            continue
+        try:
+            m.stop()
+        except AssertionError as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 def _stable(cluster, group: str, members: list[Member], topic: str) -> dict:
@@ -274,9 +293,11 @@ def test_two_clients_share_a_group_and_a_restart_resumes_from_their_commits(clus
     first client restarted alone (auto_offset_reset=earliest) reads exactly the new ones."""
     topic, group = _topic(cluster), next(_names)
     _produce(cluster, topic, 200)
-    a = Member(first, cluster, group, topic, commit=True).start()
-    b = Member(second, cluster, group, topic, commit=True).start()
+    a = Member(first, cluster, group, topic, commit=True)
+    b = Member(second, cluster, group, topic, commit=True)
     try:
+        a.start()
+        b.start()
         _stable(cluster, group, [a, b], topic)
         assert a.owned and b.owned and not a.owned & b.owned
         wait_until(lambda: _committed(cluster, group, topic) == {p: 50 for p in
@@ -285,8 +306,7 @@ def test_two_clients_share_a_group_and_a_restart_resumes_from_their_commits(clus
         seen = {(p, o) for p, o, _ in a.records + b.records}
         assert seen == {(p, o) for p in range(PARTITIONS) for o in range(50)}
     finally:
-        a.stop()
-        b.stop()
+        _stop_all(a, b)
     _produce(cluster, topic, 40, start=200)
     again = Member(first, cluster, group, topic, commit=True).start()
     try:
@@ -295,7 +315,7 @@ def test_two_clients_share_a_group_and_a_restart_resumes_from_their_commits(clus
             [o for o in range(50, 60)] * PARTITIONS)
         assert {v for _, _, v in again.records} == {b"v%d" % i for i in range(200, 240)}
     finally:
-        again.stop()
+        _stop_all(again)
 
 
 @pytest.mark.parametrize("strategy,kinds", [
@@ -328,8 +348,7 @@ def test_raykafka_and_kafka_clients_share_one_group_with_each_assignor(cluster, 
                    >= {(p, o) for p in range(PARTITIONS) for o in range(20)},
                    timeout_s=60, what="every record read")
     finally:
-        for m in members:
-            m.stop()
+        _stop_all(*members)
 
 
 def test_offsets_committed_by_raykafka_and_by_kafka_clients_are_one_store(cluster):
@@ -363,10 +382,12 @@ def test_a_static_member_restarted_within_its_session_keeps_its_partitions(clust
     old partitions back in the same generation: no rebalance, the other member untouched."""
     topic, group = _topic(cluster), next(_names)
     static = Member("confluent", cluster, group, topic, instance_id="static-1",
-                    session_timeout_ms=30_000).start()
-    other = Member("kafka-python", cluster, group, topic).start()
+                    session_timeout_ms=30_000)
+    other = Member("kafka-python", cluster, group, topic)
     restarted = None
     try:
+        static.start()
+        other.start()
         before = _stable(cluster, group, [static, other], topic)
         owned, other_owned = set(static.owned), set(other.owned)
         static.stop()
@@ -376,9 +397,7 @@ def test_a_static_member_restarted_within_its_session_keeps_its_partitions(clust
         assert after["generation"] == before["generation"]
         assert restarted.owned == owned and other.owned == other_owned
     finally:
-        other.stop()
-        if restarted is not None:
-            restarted.stop()
+        _stop_all(other, restarted)
 
 
 def test_admin_clients_list_describe_and_delete_groups(cluster, request):
@@ -389,9 +408,11 @@ def test_admin_clients_list_describe_and_delete_groups(cluster, request):
     from confluent_kafka.admin import AdminClient
     topic, group = _topic(cluster), next(_names)
     _produce(cluster, topic, 20)
-    a = Member("confluent", cluster, group, topic, commit=True).start()
-    b = Member("kafka-python", cluster, group, topic, commit=True).start()
+    a = Member("confluent", cluster, group, topic, commit=True)
+    b = Member("kafka-python", cluster, group, topic, commit=True)
     try:
+        a.start()
+        b.start()
         desc = _stable(cluster, group, [a, b], topic)
         want = {mid: sorted(p for _, p in tps) for mid, tps in desc["members"].items()}
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
@@ -430,8 +451,7 @@ def test_admin_clients_list_describe_and_delete_groups(cluster, request):
         with pytest.raises(ck.KafkaException, match="NON_EMPTY_GROUP"):
             admin.delete_consumer_groups([group])[group].result(30)
     finally:
-        a.stop()
-        b.stop()
+        _stop_all(a, b)
     wait_until(lambda: cluster.admin().describe_group(group)["state"] == "Empty",
                timeout_s=30, what="the group empty")
     assert _committed(cluster, group, topic) == {p: 5 for p in range(PARTITIONS)}

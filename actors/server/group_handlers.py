@@ -259,6 +259,8 @@ class GroupApis:
         body = self._body(request)
 
         def answer(_, error):
+            if isinstance(error, CoordinatorLoadInProgressError):
+                error = None      # Kafka: "the group is still loading, respond blindly"
             return {"throttle_time_ms": 0,
                     "error_code": wire.NONE if error is None else _code(error)}
 
