@@ -67,7 +67,7 @@ class Member:
 
     def __init__(self, kind: str, cluster, group: str, topic: str, *,
                  strategy: str = "range", commit: bool = False, instance_id: str | None = None,
-                 session_timeout_ms: int = 10_000):
+                 session_timeout_ms: int = 30_000):
         self.kind, self.cluster, self.group, self.topic = kind, cluster, group, topic
         self.strategy, self.commit, self.instance_id = strategy, commit, instance_id
         self.session_timeout_ms = session_timeout_ms
