@@ -55,6 +55,17 @@ LIST_OFFSETS = 2
 METADATA = 3
 OFFSET_FOR_LEADER_EPOCH = 23
 API_VERSIONS = 18
+# consumer groups (served by the group coordinator: actors/server/group_handlers.py)
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+DELETE_GROUPS = 42
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -65,11 +76,28 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     METADATA: (0, 12),
     API_VERSIONS: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    # groups: the classic protocol (no KIP-848), one group per OffsetFetch (v8 batches),
+    # one key per FindCoordinator (v4 batches), JoinGroup without KIP-800's reason (v8)
+    FIND_COORDINATOR: (0, 3),
+    JOIN_GROUP: (0, 7),
+    SYNC_GROUP: (0, 5),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
+    LIST_GROUPS: (0, 5),
+    DESCRIBE_GROUPS: (0, 5),
+    DELETE_GROUPS: (0, 2),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              METADATA: "Metadata", API_VERSIONS: "ApiVersions",
-             OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch"}
+             OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
+             FIND_COORDINATOR: "FindCoordinator", JOIN_GROUP: "JoinGroup",
+             SYNC_GROUP: "SyncGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup",
+             OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch",
+             LIST_GROUPS: "ListGroups", DESCRIBE_GROUPS: "DescribeGroups",
+             DELETE_GROUPS: "DeleteGroups"}
 
 
 class InvalidRequestError(KafkaError):
@@ -89,8 +117,8 @@ class InvalidRequestError(KafkaError):
 # -- the message schemas ------------------------------------------------------------------
 # One line per field: name, type, versions, then options: null:V (nullable in versions V),
 # tag:N (a tagged field), =X (default). Types: int8 int16 int32 int64 bool string bytes
-# records uuid, []int32 / []int64 (arrays of numbers), [] (array of the struct indented
-# below), {} (a struct). Versions: "3+", "8-10", "0".
+# records uuid, []int32 / []int64 / []string (arrays of numbers or strings), [] (array of
+# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0".
 _SCHEMAS = """
 ApiVersionsRequest 18 flexible:3+
   client_software_name string 3+
@@ -257,12 +285,168 @@ OffsetForLeaderEpochResponse 23 flexible:4+
       partition int32 0+
       leader_epoch int32 1+ =-1
       end_offset int64 0+ =-1
+
+FindCoordinatorRequest 10 flexible:3+
+  key string 0-3
+  key_type int8 1+
+FindCoordinatorResponse 10 flexible:3+
+  throttle_time_ms int32 1+
+  error_code int16 0-3
+  error_message string 1-3 null:1-3
+  node_id int32 0-3
+  host string 0-3
+  port int32 0-3
+
+JoinGroupRequest 11 flexible:6+
+  group_id string 0+
+  session_timeout_ms int32 0+
+  rebalance_timeout_ms int32 1+ =-1
+  member_id string 0+
+  group_instance_id string 5+ null:5+
+  protocol_type string 0+
+  protocols [] 0+
+    name string 0+
+    metadata bytes 0+
+JoinGroupResponse 11 flexible:6+
+  throttle_time_ms int32 2+
+  error_code int16 0+
+  generation_id int32 0+ =-1
+  protocol_type string 7+ null:7+
+  protocol_name string 0+ null:7+
+  leader string 0+
+  member_id string 0+
+  members [] 0+
+    member_id string 0+
+    group_instance_id string 5+ null:5+
+    metadata bytes 0+
+
+SyncGroupRequest 14 flexible:4+
+  group_id string 0+
+  generation_id int32 0+
+  member_id string 0+
+  group_instance_id string 3+ null:3+
+  protocol_type string 5+ null:5+
+  protocol_name string 5+ null:5+
+  assignments [] 0+
+    member_id string 0+
+    assignment bytes 0+
+SyncGroupResponse 14 flexible:4+
+  throttle_time_ms int32 1+
+  error_code int16 0+
+  protocol_type string 5+ null:5+
+  protocol_name string 5+ null:5+
+  assignment bytes 0+
+
+HeartbeatRequest 12 flexible:4+
+  group_id string 0+
+  generation_id int32 0+
+  member_id string 0+
+  group_instance_id string 3+ null:3+
+HeartbeatResponse 12 flexible:4+
+  throttle_time_ms int32 1+
+  error_code int16 0+
+
+LeaveGroupRequest 13 flexible:4+
+  group_id string 0+
+  member_id string 0-2
+  members [] 3+
+    member_id string 3+
+    group_instance_id string 3+ null:3+
+    reason string 5+ null:5+
+LeaveGroupResponse 13 flexible:4+
+  throttle_time_ms int32 1+
+  error_code int16 0+
+  members [] 3+
+    member_id string 3+
+    group_instance_id string 3+ null:3+
+    error_code int16 3+
+
+OffsetCommitRequest 8 flexible:8+
+  group_id string 0+
+  generation_id_or_member_epoch int32 1+ =-1
+  member_id string 1+
+  group_instance_id string 7+ null:7+
+  retention_time_ms int64 2-4 =-1
+  topics [] 0+
+    name string 0-9
+    partitions [] 0+
+      partition_index int32 0+
+      committed_offset int64 0+
+      committed_leader_epoch int32 6+ =-1
+      commit_timestamp int64 1 =-1
+      committed_metadata string 0+ null:0+
+OffsetCommitResponse 8 flexible:8+
+  throttle_time_ms int32 3+
+  topics [] 0+
+    name string 0-9
+    partitions [] 0+
+      partition_index int32 0+
+      error_code int16 0+
+
+OffsetFetchRequest 9 flexible:6+
+  group_id string 0-7
+  topics [] 0-7 null:2-7
+    name string 0-7
+    partition_indexes []int32 0-7
+  require_stable bool 7+ =false
+OffsetFetchResponse 9 flexible:6+
+  throttle_time_ms int32 3+
+  topics [] 0-7
+    name string 0-7
+    partitions [] 0-7
+      partition_index int32 0-7
+      committed_offset int64 0-7
+      committed_leader_epoch int32 5-7 =-1
+      metadata string 0-7 null:0-7
+      error_code int16 0-7
+  error_code int16 2-7 =0
+
+ListGroupsRequest 16 flexible:3+
+  states_filter []string 4+
+  types_filter []string 5+
+ListGroupsResponse 16 flexible:3+
+  throttle_time_ms int32 1+
+  error_code int16 0+
+  groups [] 0+
+    group_id string 0+
+    protocol_type string 0+
+    group_state string 4+
+    group_type string 5+
+
+DescribeGroupsRequest 15 flexible:5+
+  groups []string 0+
+  include_authorized_operations bool 3+
+DescribeGroupsResponse 15 flexible:5+
+  throttle_time_ms int32 1+
+  groups [] 0+
+    error_code int16 0+
+    error_message string 6+ null:6+
+    group_id string 0+
+    group_state string 0+
+    protocol_type string 0+
+    protocol_data string 0+
+    members [] 0+
+      member_id string 0+
+      group_instance_id string 4+ null:4+
+      client_id string 0+
+      client_host string 0+
+      member_metadata bytes 0+
+      member_assignment bytes 0+
+    authorized_operations int32 3+ =-2147483648
+
+DeleteGroupsRequest 42 flexible:2+
+  groups_names []string 0+
+DeleteGroupsResponse 42 flexible:2+
+  throttle_time_ms int32 0+
+  results [] 0+
+    group_id string 0+
+    error_code int16 0+
 """
 
 _NO_MAX = 1 << 15
 _FIXED = {"int8": "b", "int16": "h", "int32": "i", "int64": "q", "bool": "?"}
 _TYPES = set(_FIXED) | {"string", "bytes", "records", "uuid", "[]", "{}", "[]int32",
-                        "[]int64"}
+                        "[]int64", "[]string"}
 _ZERO_UUID = bytes(16)
 
 
@@ -290,7 +474,7 @@ class _Field:
         return self.nullable is not None and self.nullable[0] <= version <= self.nullable[1]
 
     def default_expr(self) -> str:
-        if self.type in ("[]", "[]int32", "[]int64"):
+        if self.type in ("[]", "[]int32", "[]int64", "[]string"):
             return "None" if self.default is None and self.nullable else "[]"
         return repr(self.default)
 
@@ -538,6 +722,20 @@ class _ReaderGen(_Gen):
                              f"str(n) + ' with only ' + str(end - pos) + ' bytes left')")
             self.emit(depth, f"d[{key}] = list(_unpack_from('>' + str(n) + '{code}', buf, pos))"
                              f"; pos += {width} * n")
+        elif f.type == "[]string":   # n strings, each at least one byte: n <= end - pos
+            self.emit(depth, "items = []")
+            self.emit(depth, "for _ in range(n):")
+            if self.flexible:
+                self.emit(depth + 1, "m = buf[pos]; pos += 1")
+                self.emit(depth + 1, "if m & 0x80: m, pos = _uvarint_rest(buf, pos, m)")
+                self.emit(depth + 1, "m -= 1")
+            else:
+                self.emit(depth + 1, f"m, = {self.struct('h')}.unpack_from(buf, pos); pos += 2")
+            self.emit(depth + 1, f"if m < 0 or m > end - pos: raise _bad('{f.name}: string "
+                                 f"length ' + str(m) + ' with ' + str(end - pos) + ' bytes "
+                                 f"left')")
+            self.emit(depth + 1, "items.append(str(buf[pos:pos + m], 'utf-8')); pos += m")
+            self.emit(depth, f"d[{key}] = items")
         else:   # an array of structs: at least one byte each, so n <= end - pos bounds it
             sub = self.fresh("_r")
             self.emit(depth, "items = []")
@@ -631,6 +829,15 @@ class _WriterGen(_Gen):
             code = "i" if f.type == "[]int32" else "q"
             self.length(depth, "len(v)", f)
             self.emit(depth, f"out.append(_pack('>' + str(len(v)) + '{code}', *v))")
+        elif f.type == "[]string":
+            self.length(depth, "len(v)", f)
+            self.emit(depth, "for item in v:")
+            self.emit(depth + 1, "item = item.encode('utf-8')")
+            if self.flexible:
+                self.emit(depth + 1, "out.append(_uvarint_bytes(len(item) + 1))")
+            else:
+                self.emit(depth + 1, f"out.append({self.struct('h')}.pack(len(item)))")
+            self.emit(depth + 1, "out.append(item)")
         else:
             sub = self.fresh("_w")
             self.length(depth, "len(v)", f)
@@ -1109,6 +1316,8 @@ def error_for_code(code: int, message: str = "") -> KafkaError | None:
 
 __all__ = [
     "PRODUCE", "FETCH", "LIST_OFFSETS", "METADATA", "API_VERSIONS", "OFFSET_FOR_LEADER_EPOCH",
+    "OFFSET_COMMIT", "OFFSET_FETCH", "FIND_COORDINATOR", "JOIN_GROUP", "HEARTBEAT",
+    "LEAVE_GROUP", "SYNC_GROUP", "DESCRIBE_GROUPS", "LIST_GROUPS", "DELETE_GROUPS",
     "SUPPORTED_VERSIONS", "API_NAMES", "InvalidRequestError", "BrokerResponseError",
     "RequestHeader", "ErrorCode", "ERRORS", "ERRORS_BY_NAME", "NONE", "error_code",
     "error_for_code", "decode_request_header", "decode_request_body", "decode_request",

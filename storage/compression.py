@@ -13,12 +13,18 @@ lz4      3     the LZ4 *frame* format with independent blocks (Java's KafkaLZ4Bl
                refuses linked blocks) and no content size or checksum, as Java writes it.
                Magic 0 messages carry Kafka 0.8's broken frame header checksum (computed
                over the magic number too); ``decompress(..., legacy_lz4=True)`` repairs it.
-zstd     4     not supported here: UnsupportedCodecError
+zstd     4     one or more Zstandard frames (RFC 8878), as Java's ZstdOutputStream and
+               librdkafka write them; written as one frame at level 3 (Kafka's default,
+               ``compression.zstd.level``) with the content size in its header. Magic 0/1
+               messages cannot carry zstd (Kafka 2.1 added it with magic 2 only).
 =======  ====  ==========================================================================
 
 Every decompression is bounded by ``max_bytes`` (default ``DEFAULT_MAX_DECOMPRESSED_BYTES``):
 a decompression bomb raises CorruptRecordError after producing at most that many bytes, and
-the declared sizes inside snappy blocks are checked before anything is allocated.
+the declared sizes inside snappy blocks are checked before anything is allocated. A zstd
+frame's declared content size is not trusted: its input is fed in steps small enough that
+one step cannot produce more than the bytes left under the limit (a zstd block expands at
+most 32768-fold), so the output stays under twice ``max_bytes``.
 Pure functions; thread-safe.
 """
 
@@ -29,6 +35,7 @@ import zlib
 
 import lz4.frame as _lz4f
 import snappy as _snappy
+import zstandard as _zstd
 
 from .errors import CorruptRecordError, UnsupportedCodecError
 
@@ -46,6 +53,10 @@ _I32 = struct.Struct(">i")
 
 _GZIP_LEVEL = 6  # zlib's default: Java's GZIPOutputStream default too; 9 costs 3x for ~1%
 _LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_ZSTD_LEVEL = 3   # Kafka's compression.zstd.level default (and librdkafka's)
+#: the most a zstd block's input byte can expand to: a 4-byte RLE block gives 128 KiB
+_ZSTD_MAX_RATIO = 32768
+_ZSTD_MIN_STEP = 64
 
 
 def codec_id(compression) -> int:
@@ -75,6 +86,9 @@ def compress(codec: int, data) -> bytes:
     if codec == CODEC_LZ4:
         return _lz4f.compress(data, block_size=_lz4f.BLOCKSIZE_MAX64KB, block_linked=False,
                               content_checksum=False, store_size=False)
+    if codec == CODEC_ZSTD:
+        # a compressor per call: ZstdCompressor objects are not thread-safe
+        return _zstd.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
     raise UnsupportedCodecError(f"compression codec {CODEC_NAMES.get(codec, codec)} is not "
                                 f"supported")
 
@@ -93,6 +107,8 @@ def decompress(codec: int, data, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BY
             if legacy_lz4:
                 data = _repair_legacy_lz4_header(data)
             return _lz4_decompress(data, max_bytes)
+        if codec == CODEC_ZSTD:
+            return _zstd_decompress(data, max_bytes)
         if codec == CODEC_NONE:
             return bytes(data)
     except CorruptRecordError:
@@ -192,6 +208,32 @@ def _lz4_decompress(data: bytes, max_bytes: int) -> bytes:
     if d.unused_data:
         raise CorruptRecordError(f"{len(d.unused_data)} bytes after the lz4 frame")
     return out
+
+
+def _zstd_decompress(data, max_bytes: int) -> bytes:
+    """Every zstd frame of ``data``, decompressed; bounded as the module docstring says.
+    A frame cut short, or bytes after the last frame that are not one, are corrupt."""
+    view = memoryview(data)
+    out = []
+    total = 0
+    pos, end = 0, len(view)
+    if end == 0:
+        raise CorruptRecordError("empty zstd data")
+    dctx = _zstd.ZstdDecompressor()       # not thread-safe: one per call
+    while pos < end:
+        frame = dctx.decompressobj()
+        while pos < end and not frame.eof:
+            step = max((max_bytes - total) // _ZSTD_MAX_RATIO, _ZSTD_MIN_STEP)
+            chunk = frame.decompress(view[pos:pos + step])
+            pos += min(step, end - pos)
+            total += len(chunk)
+            if total > max_bytes:
+                raise _too_big("zstd", max_bytes)
+            out.append(chunk)
+        if not frame.eof:
+            raise CorruptRecordError("truncated zstd frame")
+        pos -= len(frame.unused_data)     # the next frame's first bytes
+    return b"".join(out)
 
 
 # ---- Kafka 0.8's LZ4 header checksum (magic 0) -------------------------------------------

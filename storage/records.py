@@ -353,7 +353,7 @@ def build(values, keys=None, timestamps=None, headers=None, *, offset_deltas=Non
     - ``headers``: None, or per record a list of (str key, bytes-or-None value).
     - ``offset_deltas``: strictly increasing ints >= 0 (the compactor keeps original offsets,
       gaps allowed); default 0..n-1. ``last_offset_delta`` is the last one.
-    - ``compression``: codec id (``CODEC_*``) or name ("none", "gzip", "snappy", "lz4").
+    - ``compression``: codec id (``CODEC_*``) or name ("none", "gzip", "snappy", "lz4", "zstd").
     - ``timestamp_type=LOG_APPEND_TIME`` sets the attribute bit and ``max_timestamp`` to
       ``now_ms`` (the log append time); records keep their own deltas, and readers see
       ``max_timestamp`` as every record's timestamp, as Kafka specifies.
@@ -364,8 +364,6 @@ def build(values, keys=None, timestamps=None, headers=None, *, offset_deltas=Non
     """
     n = len(values)
     codec = codec_id(compression)
-    if codec == CODEC_ZSTD:
-        raise _compression.UnsupportedCodecError("compression codec zstd is not supported")
     if keys is not None and len(keys) != n:
         raise ValueError(f"{len(keys)} keys for {n} values")
     if headers is not None and len(headers) != n:

@@ -15,11 +15,11 @@ from storage import compression, varint
 from storage.errors import (CorruptRecordError, InvalidRecordError, UnsupportedCodecError,
                             UnsupportedVersionError)
 from storage.records import (ATTRIBUTES_POS, CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY,
-                             CRC_POS, HEADER_SIZE, LOG_APPEND_TIME, Record,
+                             CODEC_ZSTD, CRC_POS, HEADER_SIZE, LOG_APPEND_TIME, Record,
                              RecordBatch, assign_offsets, build, decode_columns,
                              decode_records, iter_batches, parse_header)
 
-CODECS = [CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4]
+CODECS = [CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD]
 
 
 def _random_records(rnd, n, *, headers=True, uniform=False):
@@ -198,8 +198,6 @@ def test_build_argument_errors():
         build([b"a"], timestamps=[1, 2])
     with pytest.raises(UnsupportedCodecError):
         build([b"a"], compression="brotli")
-    with pytest.raises(UnsupportedCodecError):
-        build([b"a"], compression="zstd")
     with pytest.raises(TypeError):
         build(["not bytes"], headers=[[("k", b"v")]])
     with pytest.raises(ValueError, match="too far apart"):

@@ -125,9 +125,9 @@ def test_varints_cut_off_by_the_end_of_the_request(walked, monkeypatch):
 
 
 def test_unknown_magic_and_codec():
-    """Unknown magic raises UnsupportedVersionError; codec 4-7 UnsupportedCodecError."""
+    """Unknown magic raises UnsupportedVersionError; codec 5-7 UnsupportedCodecError."""
     _raises(_batch(_record(GOOD_BODY), 1, magic=3), exc=UnsupportedVersionError)
-    for codec in (4, 5, 6, 7):
+    for codec in (5, 6, 7):
         _raises(_batch(_record(GOOD_BODY), 1, codec=codec), exc=UnsupportedCodecError)
 
 
@@ -192,9 +192,31 @@ def test_decompression_bomb_is_bounded():
         b"\xff\xff\xff\xff\x0f\x00"
     with pytest.raises(CorruptRecordError, match="limit"):
         compression.decompress(CODEC_SNAPPY, fake)
-    for codec in (CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4):
+    for codec in (CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, compression.CODEC_ZSTD):
         with pytest.raises(CorruptRecordError):
             compression.decompress(codec, b"\x00garbage" * 3)
+
+
+def test_zstd_bomb_truncation_and_trailing_bytes_are_refused():
+    """zstd: a frame inflating past the limit is refused without trusting its declared
+    size (and without allocating it), a frame cut short or followed by bytes that are no
+    frame is corrupt; concatenated frames and frames without a content size are read."""
+    import zstandard
+    bomb = compression.compress(compression.CODEC_ZSTD, bytes(200 << 20))
+    assert len(bomb) < 10_000
+    with pytest.raises(CorruptRecordError, match="limit"):
+        compression.decompress(compression.CODEC_ZSTD, bomb)
+    frame = compression.compress(compression.CODEC_ZSTD, b"abc" * 50_000)
+    with pytest.raises(CorruptRecordError, match="limit"):
+        compression.decompress(compression.CODEC_ZSTD, frame, max_bytes=149_999)
+    assert compression.decompress(compression.CODEC_ZSTD, frame,
+                                  max_bytes=150_000) == b"abc" * 50_000
+    for bad in (frame[:-1], frame[:5], frame + b"junk", b""):
+        with pytest.raises(CorruptRecordError):
+            compression.decompress(compression.CODEC_ZSTD, bad)
+    assert compression.decompress(compression.CODEC_ZSTD, frame + frame) == b"abc" * 100_000
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(b"xyz" * 1000)
+    assert compression.decompress(compression.CODEC_ZSTD, unsized) == b"xyz" * 1000
 
 
 def test_legacy_corruption():

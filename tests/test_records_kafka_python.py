@@ -11,11 +11,12 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
 from storage.legacy import iter_legacy, upconvert
-from storage.records import (CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY,
+from storage.records import (CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD,
                              LOG_APPEND_TIME, RecordBatch, build, decode_columns,
                              decode_records, parse_header)
 
-CODECS = [CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4]
+CODECS = [CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4]    # legacy message sets' codecs
+V2_CODECS = CODECS + [CODEC_ZSTD]      # zstd exists from magic 2 on (Kafka 2.1)
 TRIALS = 1200  # per direction; each a random batch
 
 
@@ -51,7 +52,7 @@ def _random_batch(rnd):
         rnd.randrange(2**40), rnd.randrange(2**15), rnd.randrange(2**31 - 1000))
     return dict(keys=keys if keys is not None else [None] * n, values=values,
                 headers=headers, timestamps=timestamps, deltas=deltas, producer=producer,
-                codec=rnd.choice(CODECS), transactional=producer[0] >= 0 and rnd.random() < .5)
+                codec=rnd.choice(V2_CODECS), transactional=producer[0] >= 0 and rnd.random() < .5)
 
 
 def _kp_view(rec):

@@ -22,6 +22,15 @@ from kafka.protocol.consumer import (FetchRequest, FetchResponse, ListOffsetsReq
 from kafka.protocol.metadata import (ApiVersionsRequest, ApiVersionsResponse,  # noqa: E402
                                      MetadataRequest, MetadataResponse)
 from kafka.protocol.producer import ProduceRequest, ProduceResponse  # noqa: E402
+from kafka.protocol.consumer import (HeartbeatRequest, HeartbeatResponse,  # noqa: E402
+                                     JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
+                                     LeaveGroupResponse, OffsetCommitRequest,
+                                     OffsetCommitResponse, OffsetFetchRequest,
+                                     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse)
+from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse  # noqa
+from kafka.protocol.admin import (DeleteGroupsRequest, DeleteGroupsResponse,  # noqa: E402
+                                  DescribeGroupsRequest, DescribeGroupsResponse,
+                                  ListGroupsRequest, ListGroupsResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -31,6 +40,16 @@ ORACLE = {
     wire.FETCH: (FetchRequest, FetchResponse),
     wire.LIST_OFFSETS: (ListOffsetsRequest, ListOffsetsResponse),
     wire.OFFSET_FOR_LEADER_EPOCH: (OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse),
+    wire.FIND_COORDINATOR: (FindCoordinatorRequest, FindCoordinatorResponse),
+    wire.JOIN_GROUP: (JoinGroupRequest, JoinGroupResponse),
+    wire.SYNC_GROUP: (SyncGroupRequest, SyncGroupResponse),
+    wire.HEARTBEAT: (HeartbeatRequest, HeartbeatResponse),
+    wire.LEAVE_GROUP: (LeaveGroupRequest, LeaveGroupResponse),
+    wire.OFFSET_COMMIT: (OffsetCommitRequest, OffsetCommitResponse),
+    wire.OFFSET_FETCH: (OffsetFetchRequest, OffsetFetchResponse),
+    wire.LIST_GROUPS: (ListGroupsRequest, ListGroupsResponse),
+    wire.DESCRIBE_GROUPS: (DescribeGroupsRequest, DescribeGroupsResponse),
+    wire.DELETE_GROUPS: (DeleteGroupsRequest, DeleteGroupsResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]
@@ -55,7 +74,7 @@ def _sample(fields, version: int, rng: random.Random, nulls: bool) -> dict:
                                       -(1 << bits)])
         elif f.type == "string":
             out[f.name] = rng.choice(["t", "topic-é", "x" * 200])     # 200: a 2-byte uvarint
-        elif f.type == "records":
+        elif f.type in ("records", "bytes"):
             out[f.name] = os.urandom(rng.choice([0, 61, 300]))
         elif f.type == "uuid":
             out[f.name] = os.urandom(16)
@@ -63,6 +82,9 @@ def _sample(fields, version: int, rng: random.Random, nulls: bool) -> dict:
             out[f.name] = [rng.randrange(-5, 1 << 31) for _ in range(rng.randrange(3))]
         elif f.type == "[]int64":
             out[f.name] = [rng.randrange(-5, 1 << 63) for _ in range(rng.randrange(3))]
+        elif f.type == "[]string":
+            out[f.name] = [rng.choice(["g", "group-é", "x" * 200])
+                           for _ in range(rng.randrange(3))]
         elif f.type == "{}":
             out[f.name] = _sample(f.fields, version, rng, nulls)
         elif f.type == "[]":
@@ -297,9 +319,9 @@ def test_bytes_after_a_response_body_are_refused():
 def test_unknown_api_key_or_version_raises_with_the_header():
     """An API key or version the codec does not implement raises InvalidRequestError that
     carries the header, so a server can answer ApiVersions (KIP-511) or close."""
-    with pytest.raises(wire.InvalidRequestError, match="unknown API key 10") as info:
-        wire.decode_request(struct.pack(">hhih", 10, 1, 77, 1) + b"c" + b"\x00" * 8)
-    assert info.value.header == (10, 1, 77, "c")
+    with pytest.raises(wire.InvalidRequestError, match="unknown API key 24") as info:
+        wire.decode_request(struct.pack(">hhih", 24, 1, 77, 1) + b"c" + b"\x00" * 8)
+    assert info.value.header == (24, 1, 77, "c")
     with pytest.raises(wire.InvalidRequestError, match="version 5 is not supported") as info:
         wire.decode_request(struct.pack(">hhih", wire.API_VERSIONS, 5, 78, -1) + b"\x00")
     assert info.value.header.correlation_id == 78

@@ -370,15 +370,19 @@ def _fetch_body(topic, partition, offset, max_wait_ms=0, min_bytes=1, epoch=-1):
 
 
 def test_api_versions_advertises_exactly_the_implemented_set(broker):
-    """ApiVersions (v0 and flexible v3) lists exactly the six APIs at the codec's ranges;
-    an unknown ApiVersions version is answered at v0 with UNSUPPORTED_VERSION (KIP-511)."""
+    """ApiVersions (v0 and flexible v3) lists exactly the six data-plane APIs at the
+    codec's ranges (a LocalBroker has no group coordinator: no group API); an unknown
+    ApiVersions version is answered at v0 with UNSUPPORTED_VERSION (KIP-511)."""
     client = RawClient(broker.server.address)
+    data_plane = {wire.API_VERSIONS, wire.METADATA, wire.PRODUCE, wire.FETCH,
+                  wire.LIST_OFFSETS, wire.OFFSET_FOR_LEADER_EPOCH}
     for version in (0, 3):
         body = client.call(wire.API_VERSIONS, version, {"client_software_name": "t",
                                                         "client_software_version": "1"})
         assert body["error_code"] == 0
         assert {k["api_key"]: (k["min_version"], k["max_version"])
-                for k in body["api_keys"]} == wire.SUPPORTED_VERSIONS
+                for k in body["api_keys"]} == {k: v for k, v in wire.SUPPORTED_VERSIONS.items()
+                                               if k in data_plane}
     client.sock.sendall(_SIZE.pack(10) + struct.pack(">hhih", wire.API_VERSIONS, 9, 41, -1))
     cid, body = wire.decode_response(wire.API_VERSIONS, 0, _recv_frame(client.sock))
     assert cid == 41 and body["error_code"] == 35
@@ -387,10 +391,10 @@ def test_api_versions_advertises_exactly_the_implemented_set(broker):
 
 
 def test_unknown_api_key_closes_the_connection(broker):
-    """A request for an API the broker does not implement (FindCoordinator here) closes
+    """A request for an API the broker does not implement (AddPartitionsToTxn here) closes
     the connection, as Kafka does with a request it cannot parse."""
     with socket.create_connection(broker.server.address, timeout=10) as sock:
-        sock.sendall(_raw_request(1, api_key=10, payload=b"\x00\x01g\x00"))
+        sock.sendall(_raw_request(1, api_key=24, payload=b"\x00\x01g\x00"))
         assert _closed_by_server(sock)
 
 
@@ -437,7 +441,8 @@ def test_produce_appends_and_fetch_reads_back_the_batches(broker, version):
 
 def test_per_partition_errors_are_kafkas_codes(broker):
     """Unknown partition -> 3, an offset past the end -> 1, a stale or future leader epoch
-    -> 74 / 75, a batch that is not magic 2 -> 87; each requested partition is answered."""
+    -> 74 / 75, a batch that is not magic 2 -> 87; each requested partition is answered,
+    a failed one with an empty record set as Kafka answers it."""
     client = RawClient(broker.server.address)
     _produce(client, 9, "events", 0, [b"x"])
     body = client.call(wire.PRODUCE, 9, {"acks": 1, "timeout_ms": 100, "topic_data": [
@@ -455,6 +460,9 @@ def test_per_partition_errors_are_kafkas_codes(broker):
              "partition_max_bytes": 1000}]}]})
     assert [(p["partition_index"], p["error_code"])
             for p in body["responses"][0]["partitions"]] == [(0, 1), (1, 0), (0, 75)]
+    # a failed partition's records are empty, not null (librdkafka: "invalid MessageSetSize")
+    assert [bytes(p["records"]) for p in body["responses"][0]["partitions"]
+            if p["error_code"]] == [b"", b""]
     broker.backend.epoch = 2
     body = client.call(wire.LIST_OFFSETS, 7, {"replica_id": -1, "topics": [
         {"name": "events", "partitions": [{"partition_index": 0, "timestamp": -1,
@@ -599,6 +607,19 @@ def test_confluent_kafka_admin_lists_every_topic(broker):
     assert list(metadata.brokers) == [0]
 
 
+def _confluent_values(consumer, n: int) -> list:
+    """The values of ``events`` 0-1 from the beginning, read by a confluent-kafka consumer
+    until it has ``n`` (or 60 s passed)."""
+    import confluent_kafka as ck
+    consumer.assign([ck.TopicPartition("events", p, ck.OFFSET_BEGINNING) for p in (0, 1)])
+    values, deadline = [], time.monotonic() + 60
+    while len(values) < n and time.monotonic() < deadline:
+        for m in consumer.consume(1000, 1.0):
+            assert m.error() is None, m.error()
+            values.append(m.value())
+    return values
+
+
 def test_confluent_kafka_produces_and_consumes(broker):
     """confluent-kafka (librdkafka, acks=all, idempotence off by default) produces 3000
     records; a Consumer with assigned partitions reads them all and the watermarks agree.
@@ -613,17 +634,46 @@ def test_confluent_kafka_produces_and_consumes(broker):
     assert producer.flush(60) == 0 and errors == []
     consumer = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused",
                             "enable.auto.commit": False})
-    consumer.assign([ck.TopicPartition("events", p, ck.OFFSET_BEGINNING) for p in (0, 1)])
-    values, deadline = [], time.monotonic() + 60
-    while len(values) < N_RECORDS and time.monotonic() < deadline:
-        for m in consumer.consume(1000, 1.0):
-            assert m.error() is None, m.error()
-            values.append(m.value())
+    values = _confluent_values(consumer, N_RECORDS)
     lows_highs = [consumer.get_watermark_offsets(ck.TopicPartition("events", p), 10)
                   for p in (0, 1)]
     consumer.close()
     assert sorted(values) == sorted(b"c%d" % i for i in range(N_RECORDS))
     assert sum(high - low for low, high in lows_highs) == N_RECORDS
+
+
+def test_zstd_batches_of_librdkafka_are_stored_and_read_back_by_kafka_python(broker):
+    """confluent-kafka producing with compression.type=zstd: the broker stores its batches
+    as they came (codec 4 in their attributes), our decoder reads every record, and
+    kafka-python and confluent-kafka consumers read the same records back."""
+    ck = pytest.importorskip("confluent_kafka")
+    from kafka import KafkaConsumer, TopicPartition
+    from storage.records import CODEC_ZSTD, iter_headers
+    errors = []
+    producer = ck.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20,
+                            "compression.type": "zstd"})
+    want = [b"zstd value %d " % i * 5 for i in range(N_RECORDS)]
+    for i, value in enumerate(want):
+        producer.produce("events", key=b"k%d" % i, value=value, partition=i % 2,
+                         on_delivery=lambda err, msg: err and errors.append(err))
+    assert producer.flush(60) == 0 and errors == []
+    stored = []
+    for p in (0, 1):
+        data = broker.backend.log("events", p).read(0, 64 << 20)
+        assert {h.compression for h in iter_headers(data)} == {CODEC_ZSTD}
+        stored += [r.value for r in decode_records(data)]
+    assert sorted(stored) == sorted(want)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    consumer.assign([TopicPartition("events", p) for p in (0, 1)])
+    got = [m.value for m in consumer]
+    consumer.close()
+    assert sorted(got) == sorted(want)
+    ck_consumer = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused",
+                               "enable.auto.commit": False})
+    got = _confluent_values(ck_consumer, N_RECORDS)
+    ck_consumer.close()
+    assert sorted(got) == sorted(want)
 
 
 def test_fuzzed_frames_while_a_producer_writes_lose_nothing_acknowledged(broker):

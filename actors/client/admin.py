@@ -58,6 +58,19 @@ def health_summary(topics: dict) -> dict:
     return out
 
 
+def _assigned(assignment) -> list[tuple[str, int]]:
+    """A member's partitions from the coordinator's view: Kafka's consumer protocol
+    assignment bytes (any client's), or the list form of an older raykafka member;
+    bytes of another protocol type (not a consumer's) show as no partition."""
+    from .consumer_protocol import decode_assignment
+    if isinstance(assignment, (bytes, bytearray)):
+        try:
+            return decode_assignment(assignment)
+        except ValueError:
+            return []
+    return sorted(tuple(tp) for tp in (assignment or []))
+
+
 # -- reassignment plans (pure) -------------------------------------------------------------------
 def parse_reassignment(plan) -> dict[tuple[str, int], list[int]]:
     """``{(topic, partition): [broker ids]}`` from a plan given either that way or in
@@ -454,7 +467,7 @@ class Admin:
                 "log_end": end, "lag": None if end is None else max(end - committed, 0)}
         return {"group": group, "state": desc["state"], "generation": desc["generation"],
                 "protocol": desc["protocol"], "leader": desc["leader"],
-                "members": {mid: sorted(tuple(tp) for tp in (m["assignment"] or []))
+                "members": {mid: _assigned(m["assignment"])
                             for mid, m in desc["members"].items()},
                 "offsets": offsets, "zookeeper_error": zk_error,
                 "unanswered_brokers": silent}

@@ -434,12 +434,17 @@ class Consumer:
             self._release_failed(f"release of {list(tps)}", self._group.generation, exc)
             return
         if pending is not None:
+            pending.expected = len(tps)
             self._releases.append(pending)
 
     def _check_releases(self) -> None:
         """Read the releases that answered. One that failed (the coordinator moved or
         died, no answer) left its partitions pending, and their new owner waiting: the
-        member rejoins, so the next generation gives them out afresh."""
+        member rejoins, so the next generation gives them out afresh. One that freed fewer
+        partitions than it gave up means the leader named no handover for them (a Kafka
+        client leading with KIP-429's cooperative-sticky, whose second round gives them
+        to their new owner): the member rejoins, as KIP-429 asks of a member that revoked
+        partitions."""
         waiting = []
         for pending in self._releases:
             if not pending.ready():
@@ -448,6 +453,11 @@ class Consumer:
             exc = pending.error()
             if exc is not None:
                 self._release_failed(pending.what, pending.generation, exc)
+            elif pending.get() < getattr(pending, "expected", 0) \
+                    and self._group.generation == pending.generation:
+                log.info("%s in group %r: no handover named for them; rejoining (KIP-429)",
+                         pending.what, self.config["group_id"])
+                self._rejoin.set()
         self._releases = waiting
 
     def _release_failed(self, what: str, generation: int, exc: BaseException) -> None:

@@ -29,8 +29,10 @@ it; it does no fetching itself.
   ZookeeperConsumerConnector with ``dual.commit.enabled``: "look up the offset in
   zookeeper and take the max"), which is what a migration in either direction needs.
 
-Subscriptions travel as plain dicts (``{"topics", "streams", "owned", "generation"}``), so
-the coordinator never imports the assignors.
+Subscriptions and assignments travel as Kafka's consumer protocol bytes
+(``consumer_protocol.py``), opaque to the coordinator, so raykafka's members and Kafka
+clients (confluent-kafka, kafka-python, aiokafka on the brokers' listeners) can share a
+group and any of them can be its leader.
 """
 
 from __future__ import annotations
@@ -42,10 +44,13 @@ import time
 
 from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableError,
                       FencedInstanceIdError, IllegalArgumentError, IllegalGenerationError,
+                      InconsistentGroupProtocolError,
                       KafkaTimeoutError, NoBrokersAvailable, NotCoordinatorError,
                       RebalanceInProgressError, UnknownMemberIdError)
 from ..protocol import group_coordinator_actor_name, unwrap
 from .assignors import EAGER, Subscription, assignor
+from .consumer_protocol import (decode_assignment, decode_subscription, encode_assignment,
+                                encode_subscription)
 from .metadata import broker_handle, first_answer
 
 log = logging.getLogger(__name__)
@@ -158,8 +163,8 @@ class GroupMember:
         the new generation."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None
                                        else self.rebalance_timeout_ms / 1000 + 30)
-        subscription = {"topics": sorted(set(topics)), "streams": dict(streams or {}),
-                        "owned": [list(tp) for tp in owned], "generation": self.generation}
+        subscription = encode_subscription(sorted(set(topics)), owned=sorted(owned),
+                                           generation=self.generation, streams=streams)
         while True:
             try:
                 return self._join_once(subscription)
@@ -191,18 +196,14 @@ class GroupMember:
         mine = self._call("sync_group", self.group_id, self.member_id, joined["generation"],
                           assignments, handover)
         with self._lock:
-            self.assignment = sorted((t, int(p)) for t, p in (mine or []))
+            self.assignment = _assignment(mine)
             return list(self.assignment)
 
     def _assign(self, protocol: str, members: dict) -> tuple[dict, dict | None]:
         """The leader's work: every member's assignment from their subscriptions, and for
         a cooperative assignor the handovers (member -> the partitions it owns that move
         to another member: pending at the coordinator until it releases them)."""
-        subs = {mid: Subscription(tuple(meta.get("topics", ())),
-                                  streams=dict(meta.get("streams") or {}),
-                                  owned=tuple((t, int(p)) for t, p in meta.get("owned", ())),
-                                  generation=int(meta.get("generation", -1)))
-                for mid, (_, meta) in members.items()}
+        subs = {mid: _subscription(mid, meta) for mid, (_, meta) in members.items()}
         topics = {t for s in subs.values() for t in s.topics}
         counts = {}
         for topic in sorted(topics):
@@ -216,7 +217,7 @@ class GroupMember:
             handover = {mid: [list(tp) for tp in tps]
                         for mid, tps in result.pending_revocation.items()}
             result = result.target
-        return {mid: [list(tp) for tp in tps] for mid, tps in result.items()}, handover
+        return {mid: encode_assignment(tps) for mid, tps in result.items()}, handover
 
     def heartbeat(self, wait_ms: int = 0) -> bool:
         """True while this member's generation is current; False: rejoin. An answer about
@@ -335,6 +336,33 @@ class GroupMember:
                 last = exc
                 time.sleep(self.backoff_s)
         raise last
+
+
+def _subscription(member_id: str, metadata) -> Subscription:
+    """A member's subscription from its JoinGroup metadata: Kafka's consumer protocol
+    bytes (any client's). Bytes nobody can read subscribe the member to nothing (it gets
+    no partition; the others go on)."""
+    try:
+        sub = decode_subscription(metadata)
+    except (ValueError, TypeError) as exc:
+        log.warning("member %r of the group sent metadata that is not Kafka's consumer "
+                    "protocol (%r): it gets no partition", member_id, exc)
+        return Subscription(())
+    return Subscription(tuple(sub["topics"]), streams=sub["streams"],
+                        owned=tuple(sub["owned"]), generation=sub["generation"])
+
+
+def _assignment(assignment) -> list[tuple[str, int]]:
+    """This member's partitions from its SyncGroup answer (any leader's bytes; None or
+    b"": none)."""
+    if not assignment:
+        return []
+    try:
+        return decode_assignment(assignment)
+    except (ValueError, TypeError) as exc:
+        raise InconsistentGroupProtocolError(
+            f"the group's leader sent an assignment that is not Kafka's consumer protocol: "
+            f"{exc}") from None
 
 
 class Pending:

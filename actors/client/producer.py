@@ -47,7 +47,6 @@ import time
 
 import numpy as np
 
-from storage import records as _records
 from storage.compression import codec_id
 
 from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
@@ -111,10 +110,8 @@ class Producer:
             self._codec = codec_id(config["compression_type"] or "none")
         except UnsupportedCodecError:
             raise InvalidConfigurationError(
-                f"compression_type must be None, 'gzip', 'snappy' or 'lz4', got "
+                f"compression_type must be None, 'gzip', 'snappy', 'lz4' or 'zstd', got "
                 f"{config['compression_type']!r}") from None
-        if self._codec == _records.CODEC_ZSTD:
-            raise InvalidConfigurationError("compression_type 'zstd' is not supported")
         for name in ("key_serializer", "value_serializer", "partitioner"):
             if config[name] is not None and not callable(config[name]):
                 raise InvalidConfigurationError(f"{name} must be callable, got "

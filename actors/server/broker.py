@@ -46,6 +46,7 @@ from .broker_fetcher import BrokerFetcherManager, RayLocalReplicas
 from .fetcher import FetcherSettings
 from .controller import Controller
 from .group_coordinator import GroupCoordinator
+from .group_handlers import BrokerGroups, GroupApis
 from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
 from .network import SocketServer, SocketServerConfig
@@ -252,7 +253,8 @@ class Broker:
             replicas=RayReplicaLookup(self.replica_manager),
             endpoint=BrokerEndpoint(self.broker_id, settings.host, settings.port),
             cluster_id=self.cluster_id)
-        self.apis = KafkaApis(self.backend)
+        self.apis = KafkaApis(self.backend, groups=GroupApis(self.backend, BrokerGroups(
+            self.find_coordinator, lambda: self.coordinator, self.broker_id)))
         self.backend.on_change = self.apis.notify
         self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, settings)

@@ -59,7 +59,8 @@ from coordination.store import ZkStore
 from storage.records import build, decode_records
 
 from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableError,
-                      IllegalArgumentError, KafkaError, NonEmptyGroupError,
+                      GroupIdNotFoundError, IllegalArgumentError, KafkaError,
+                      NonEmptyGroupError,
                       NotCoordinatorError, NotLeaderForPartitionError,
                       ZooKeeperUnavailableError)
 from ..protocol import replica_actor_name, unwrap
@@ -416,8 +417,13 @@ class GroupCoordinator:
         self._answer(self._claims, group.group_id)
         self._answer(self._rebalancing, group.group_id)
 
-    async def leave_group(self, group_id: str, member_id: str) -> None:
+    async def leave_group(self, group_id: str, member_id: str,
+                          group_instance_id: str | None = None) -> None:
+        """LeaveGroup; a static member may be named by its ``group_instance_id`` alone
+        (LeaveGroup v3+, an admin client's removal)."""
         self._owner(group_id)
+        if not member_id and group_instance_id is not None:
+            member_id = self.logic.static_member(group_id, group_instance_id) or ""
         self.logic.leave(group_id, member_id)
         # the leaver's own waiting heartbeat answers now (the last member's leave starts
         # no rebalance to wake it), so a closing consumer is not held up by it
@@ -613,6 +619,35 @@ class GroupCoordinator:
             "members": {}}
         desc["offsets"] = {tp: c.offset for tp, c in offsets.items()}
         return desc
+
+    async def list_groups_detail(self) -> list[tuple]:
+        """``[(group_id, protocol_type, state)]`` of the groups ``list_groups`` names
+        (ListGroups on the wire); a group known only by its offsets is Empty."""
+        out = []
+        for group_id in await self.list_groups():
+            desc = self.logic.describe(group_id)
+            if desc is None:
+                out.append((group_id, "consumer", GroupState.EMPTY.value))
+            else:
+                out.append((group_id, desc["protocol_type"] or "consumer", desc["state"]))
+        return out
+
+    async def delete_group(self, group_id: str) -> None:
+        """DeleteGroups: an Empty group's committed offsets (both stores) and its
+        membership record go. GroupIdNotFoundError for a group unknown here,
+        NonEmptyGroupError while it has members."""
+        partition = self._owner(group_id)
+        known = self.logic.describe(group_id) is not None or self.cache.fetch(group_id)
+        if not known:
+            raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
+        await self.delete_group_offsets(group_id)
+        if not self.logic.forget(group_id):
+            raise NonEmptyGroupError(f"group {group_id!r} has members: stop them first")
+        try:
+            await self._append(partition, [encode_group_key(group_id)], [None])
+        except Exception as exc:  # noqa: BLE001 - the offsets went; a stale record only
+            log.info("coordinator %d: group %r: tombstone of its membership record: %r",
+                     self.broker_id, group_id, exc)  # restores an Empty group, unlisted
 
     async def list_groups(self) -> list[str]:
         names = set(self.cache.groups())

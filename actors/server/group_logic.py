@@ -599,8 +599,26 @@ class GroupLogic:
                     "generation": group.generation, "protocol_type": group.protocol_type,
                     "protocol": group.protocol, "leader": group.leader_id,
                     "members": {mid: {"group_instance_id": m.group_instance_id,
-                                      "client_id": m.client_id, "assignment": m.assignment}
+                                      "client_id": m.client_id, "assignment": m.assignment,
+                                      "metadata": m.metadata_for(group.protocol)}
                                 for mid, m in group.members.items()}}
+
+    def static_member(self, group_id: str, group_instance_id: str) -> str | None:
+        """The member id of the static member ``group_instance_id`` (KIP-345), if any."""
+        with self.lock:
+            group = self.groups.get(group_id)
+            return None if group is None else group.static.get(group_instance_id)
+
+    def forget(self, group_id: str) -> bool:
+        """Drop an Empty group (DeleteGroups); False when it has members (kept)."""
+        with self.lock:
+            group = self.groups.get(group_id)
+            if group is None:
+                return True
+            if group.members:
+                return False
+            del self.groups[group_id]
+            return True
 
     def unload(self, group_id: str) -> None:
         """The offsets partition moved away: the group is DEAD here; every waiter is told

@@ -152,7 +152,6 @@ def decode_group_key(buf: bytes) -> str | None:
 
 def encode_group(snapshot: dict, now_ms: int) -> bytes:
     """The value of a group-metadata record from ``GroupLogic.snapshot``."""
-    import json
     out = [_I16.pack(GROUP_VALUE_VERSION), _string(snapshot.get("protocol_type") or ""),
            _I32.pack(snapshot["generation"]), _nullable(snapshot.get("protocol")),
            _nullable(snapshot.get("leader_id")), _I64.pack(now_ms),
@@ -161,14 +160,35 @@ def encode_group(snapshot: dict, now_ms: int) -> bytes:
         out += [_string(m["member_id"]), _nullable(m["group_instance_id"]),
                 _string(m["client_id"]), _string(m.get("client_host", "")),
                 _I32.pack(m["rebalance_timeout_ms"]), _I32.pack(m["session_timeout_ms"]),
-                _bytes(json.dumps(m["metadata"]).encode()),
-                _bytes(json.dumps(m["assignment"]).encode())]
+                _bytes(_opaque_value(m["metadata"])), _bytes(_opaque_value(m["assignment"]))]
     return b"".join(out)
+
+
+def _opaque_value(value) -> bytes:
+    """A member's protocol metadata or assignment as stored: the bytes themselves (what
+    Kafka clients and raykafka's members send, and what Kafka's GroupMetadataValue holds),
+    or JSON for any other value (the form raykafka's members used before the byte form)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    import json
+    return json.dumps(value).encode()
+
+
+def _opaque_read(raw: bytes):
+    """``_opaque_value`` back. JSON text starts with '{', '[' or 'n' (null); a consumer
+    protocol's bytes start with their int16 version (a 0 byte), and any bytes that do
+    not parse as JSON are bytes."""
+    if raw[:1] in (b"{", b"[", b"n"):
+        import json
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass
+    return raw
 
 
 def decode_group(buf: bytes) -> dict:
     """``encode_group``'s snapshot back (``GroupLogic.restore`` takes it)."""
-    import json
     try:
         (version,) = _I16.unpack_from(buf, 0)
         if version != GROUP_VALUE_VERSION:
@@ -192,8 +212,8 @@ def decode_group(buf: bytes) -> dict:
             members.append({"member_id": member_id, "group_instance_id": instance,
                             "client_id": client_id, "client_host": host,
                             "rebalance_timeout_ms": rebalance, "session_timeout_ms": session,
-                            "metadata": json.loads(metadata),
-                            "assignment": json.loads(assignment)})
+                            "metadata": _opaque_read(metadata),
+                            "assignment": _opaque_read(assignment)})
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptRecordError(f"group metadata value: {exc}") from None
     return {"protocol_type": protocol_type or None, "generation": generation,

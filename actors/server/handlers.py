@@ -271,7 +271,7 @@ class KafkaApis:
     """The request handler a ``network.SocketServer`` calls (see the module docstring)."""
 
     def __init__(self, backend: Backend, *, purgatory: Purgatory | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, groups=None):
         self.backend = backend
         self._clock = clock
         self._own_purgatory = purgatory is None
@@ -284,6 +284,8 @@ class KafkaApis:
             wire.LIST_OFFSETS: self.list_offsets,
             wire.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
         }
+        if groups is not None:      # the group APIs (group_handlers.GroupApis)
+            self._handlers.update(groups.handlers())
 
     def close(self) -> None:
         if self._own_purgatory:
@@ -585,8 +587,9 @@ class _FetchRead:
                     raise
                 except Exception as exc:
                     errors = True
+                    # records empty, not null, as Kafka's (librdkafka refuses a null set)
                     partitions.append({"partition_index": index, "error_code": _code(exc),
-                                       "high_watermark": -1, "records": None})
+                                       "high_watermark": -1, "records": b""})
             responses.append({"topic": topic, "partitions": partitions})
         return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0,
                 "responses": responses}, total, errors
