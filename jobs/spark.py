@@ -25,10 +25,13 @@ Java actors), with the driver JVM in this process. It passes what RayDP 1.6.5 ne
   (127.0.0.1 on raykafka's loopback Ray);
 - small defaults for one machine (``DEFAULT_CONFIGS``); ``configs`` overrides any of them.
 
-``read_topic_df`` is ``jobs.data.read_topic`` (one Ray read task per partition range) with
-each block converted to Spark's Kafka source columns in the same pipeline
-(``to_spark_block``), then written as Arrow IPC bytes that the executors read straight from
-Ray's object store (``dataset_to_df``: the JVM side of RayDP's Ray -> Spark bridge).
+``read_topic_df`` resolves the offset ranges on the driver and reads them inside Spark's
+executors, as Spark's own Kafka source does: one Spark partition per range, whose Python
+worker (attached to Ray once, ``attach_workers``) fetches the range through the partition
+leader's replica actor handle (``jobs.data.iter_range``) and yields Arrow record batches of
+Spark's Kafka source columns (``mapInArrow``), fetch by fetch; nothing goes through Ray's
+object store. ``dataset_to_df`` still turns a Ray Dataset into a DataFrame (RayDP's Ray ->
+Spark bridge, through Arrow IPC objects this driver holds until ``release_df``).
 ``write_topic_df`` is RayDP's Spark -> Ray bridge (``ray.data.from_spark``) and
 ``jobs.data.write_topic``.
 
@@ -130,6 +133,8 @@ def spark_session(app_name: str = "raykafka", num_executors: int = 1, executor_c
     RAYKAFKA_VERBOSE (jobs/quiet.py) or ``configs`` names one (``spark.log4j.config.file.name``),
     the driver JVM starts with a log4j2 configuration at that level
     (``jobs.quiet.spark_log4j2_properties``), so its start prints nothing but warnings.
+    Before it returns, the executors' Python workers are started and attached to Ray
+    (``attach_workers``): what ``read_topic_df``'s reads need.
 
     One session per process (RayDP's rule): called again with the same arguments it returns
     the running session; with others it raises IllegalStateError (``stop_spark()`` first).
