@@ -545,19 +545,22 @@ def _repeated_string(text: str, n: int) -> pa.Array:
 
 def _null_when_empty(lists: pa.ListArray) -> pa.ListArray:
     """``lists`` (headers) with every empty list null, as Spark's Kafka source gives a
-    record without headers."""
+    record without headers. (A slice of a list array, what a fetch whose first batch began
+    before the range gives, is rebuilt from offset 0: Arrow takes no validity bitmap with
+    sliced offsets.)"""
     lists = lists.cast(ARROW_SCHEMA.field("headers").type)
-    if len(lists.values) == 0:
+    offsets = lists.offsets.to_numpy(zero_copy_only=False)
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first == last:
         return pa.nulls(len(lists), lists.type)
-    offsets = lists.offsets
-    lengths = np.diff(offsets.to_numpy(zero_copy_only=False))
-    empty = lengths == 0
+    empty = np.diff(offsets) == 0
     if lists.null_count:
         empty |= lists.is_null().to_numpy(zero_copy_only=False)
     if not empty.any():
         return lists
-    return pa.ListArray.from_arrays(offsets, lists.values, type=lists.type,
-                                    mask=pa.array(empty))
+    return pa.ListArray.from_arrays(pa.array(offsets - first, pa.int32()),
+                                    lists.values.slice(first, last - first),
+                                    type=lists.type, mask=pa.array(empty))
 
 
 def to_spark_block(block: pa.Table) -> pa.Table:
