@@ -28,7 +28,7 @@ over Parquet; read_topic >= 1.0 x iter_columns; write_topic >= 1,000,000 records
 phase that fails is reported (``<phase>_error``) and the run goes on, so the last line is
 always one JSON object; figures go to stderr as a table, with the load average.
 
-    python benchmarks/jobs_bench.py              # 10M records (436-465 s at load 37-130)
+    python benchmarks/jobs_bench.py              # 10M records (303-465 s at load 9-130)
     python benchmarks/jobs_bench.py --quick      # 2M records (155 s at load 3-24)
     python benchmarks/jobs_bench.py --no-spark --num-cpus 4   # read_topic's scaling
 
