@@ -37,9 +37,10 @@ def ratio(x, y):
 
 
 @contextlib.contextmanager
-def bench_cluster(name: str, brokers: int):
-    """A private local Ray (127.0.0.1) with a raykafka cluster of ``brokers`` brokers in a
-    temporary dir, all ended on exit: yields ``(cluster, work_dir)``."""
+def bench_cluster(name: str, brokers: int, **ray_kwargs):
+    """A private local Ray (127.0.0.1; ``ray_kwargs`` such as ``num_cpus`` go to
+    ``ray.init``) with a raykafka cluster of ``brokers`` brokers in a temporary dir, all
+    ended on exit: yields ``(cluster, work_dir)``."""
     import logging
 
     import ray
@@ -47,7 +48,7 @@ def bench_cluster(name: str, brokers: int):
     from actors import Cluster, raycompat
     os.environ.setdefault("RAYKAFKA_NO_PROGRESS", "1")
     work = tempfile.mkdtemp(prefix=f"raykafka-{name}-")
-    raycompat.init_local(f"raykafka-{name}", logging_level=logging.WARNING)
+    raycompat.init_local(f"raykafka-{name}", logging_level=logging.WARNING, **ray_kwargs)
     try:
         cluster = Cluster.start(num_brokers=brokers, data_dir=os.path.join(work, "cluster"),
                                 namespace=f"{name}-{os.getpid()}")

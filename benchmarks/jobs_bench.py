@@ -1,30 +1,36 @@
 #!/usr/bin/env python3
-"""Jobs benchmark (issue 10): Ray Data and Spark reading and writing topics.
+"""Jobs benchmark (issues 10, 24): Ray Data and Spark reading and writing topics, against
+the same records in Parquet and one consumer loop, measured in the same run.
 
-One run on a private local Ray (127.0.0.1), an embedded ZooKeeper and a 3-broker cluster,
-one 6-partition topic of 100-byte values. In this order:
+One run on a private local Ray (127.0.0.1, ``--num-cpus`` CPUs), an embedded ZooKeeper
+and a 3-broker cluster, one 6-partition topic of 100-byte values. In this order:
 
 1. ``write_topic_records_per_s``: ``jobs.data.write_topic`` of a materialised Ray Dataset
    of N records (value only, acks=all, RF=1) into the topic; the dataset is built and
    materialised before the clock starts.
 2. ``iter_columns_records_per_s``: the baseline, ``raykafka perf consume``
-   (``SimpleConsumer.iter_columns``, one process, fetches pipelined per partition) of all
-   N records.
+   (``SimpleConsumer.iter_columns``, one loop in this process, fetches pipelined per
+   partition) of all N records.
 3. ``read_topic_records_per_s``: ``jobs.data.read_topic`` of all N records into Arrow
    blocks in Ray's object store (``Dataset.materialize()``), read tasks in parallel.
-4. A Parquet copy of the same records (``Dataset.write_parquet`` of that materialised
-   Dataset; not timed as a goal).
-5. Spark (RayDP, one executor): ``count()`` and ``groupBy("partition").count()`` through
-   ``read_topic_df`` (``spark_count_s``, ``spark_groupby_s``), then the same two over the
-   Parquet copy (``spark_parquet_count_s``, ``spark_parquet_groupby_s``).
+4. A Parquet copy of the same records in Spark's Kafka source columns (that Dataset
+   through ``jobs.spark.to_spark_block``, ``write_parquet``; not a goal), then the
+   Dataset is dropped (its blocks leave the object store).
+5. Spark (RayDP, one executor of one core): four queries, each through ``read_topic_df``
+   and over the Parquet copy: ``count()``, ``groupBy("partition").count()``,
+   ``sum(length(value))`` and a ``noop`` write (every column computed, nothing stored).
+   Each is run once cold (``spark_<query>_cold_s``, ``spark_parquet_<query>_cold_s``: the
+   first time in the session) and ``--repeat`` times warm (``spark_<query>_s``,
+   ``spark_parquet_<query>_s``: the median), topic and Parquet alternating.
 
-Goals (the issue's): read_topic >= 5,000,000 records/s and >= 1.5 x iter_columns;
-write_topic >= 1,000,000 records/s; Spark through read_topic_df within 2 x Parquet.
-A phase that fails is reported (``<phase>_error``) and the run goes on, so the last line
-is always one JSON object; figures go to stderr as a table.
+Goals (issue 24): every warm Spark query through the topic within 2 x the same query
+over Parquet; read_topic >= 1.0 x iter_columns; write_topic >= 1,000,000 records/s. A
+phase that fails is reported (``<phase>_error``) and the run goes on, so the last line is
+always one JSON object; figures go to stderr as a table, with the load average.
 
-    python benchmarks/jobs_bench.py              # 10M records, ~5 minutes on 2 cores
-    python benchmarks/jobs_bench.py --quick      # 2M records
+    python benchmarks/jobs_bench.py              # 10M records (303-465 s at load 9-130)
+    python benchmarks/jobs_bench.py --quick      # 2M records (155 s at load 3-24)
+    python benchmarks/jobs_bench.py --no-spark --num-cpus 4   # read_topic's scaling
 
 Nothing outside this run is touched: the Ray it starts is its own and ends with it.
 """
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -42,14 +49,11 @@ sys.path.insert(0, ROOT)
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
 from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
 
-GOAL_READ_RECORDS_PER_S = 5_000_000
-GOAL_READ_VS_ITER_COLUMNS = 1.5
+GOAL_READ_VS_ITER_COLUMNS = 1.0
 GOAL_WRITE_RECORDS_PER_S = 1_000_000
 GOAL_SPARK_VS_PARQUET = 2.0
 TOPIC = "jobs-bench"
-
-
-
+QUERIES = ("count", "groupby", "sum_value_length", "noop")
 
 
 def _values(batch, size: int):
@@ -108,36 +112,66 @@ def read(cluster, records: int, state: dict) -> dict:
 
 
 def parquet_copy(state: dict, path: str) -> dict:
+    from jobs.spark import to_spark_block
     t0 = time.perf_counter()
-    state.pop("dataset").write_parquet(path)
+    ds = state.pop("dataset")
+    ds.map_batches(to_spark_block, batch_format="pyarrow", batch_size=None,
+                   zero_copy_batch=True).write_parquet(path)
+    del ds                                  # its blocks leave the object store
     return {"parquet_write_s": round(time.perf_counter() - t0, 2),
             "parquet_MB": round(sum(os.path.getsize(os.path.join(d, f))
                                     for d, _, fs in os.walk(path) for f in fs) / 1e6, 1)}
 
 
-def spark(cluster, records: int, path: str, executor_memory: str) -> dict:
+def _query(name: str, df):
+    """Run query ``name`` on ``df``; what it answers (checked against ``_expected``)."""
+    if name == "count":
+        return df.count()
+    if name == "groupby":
+        return sum(row["count"] for row in df.groupBy("partition").count().collect())
+    if name == "sum_value_length":
+        return df.selectExpr("sum(length(value)) AS n").collect()[0]["n"]
+    if name == "noop":
+        df.write.format("noop").mode("overwrite").save()
+        return None
+    raise ValueError(name)
+
+
+def _expected(name: str, records: int, size: int):
+    return {"count": records, "groupby": records, "sum_value_length": records * size,
+            "noop": None}[name]
+
+
+def spark(cluster, records: int, size: int, path: str, executor_memory: str,
+          repeat: int) -> dict:
     from jobs.spark import read_topic_df, spark_session
     t0 = time.perf_counter()
     session = spark_session(app_name="raykafka-jobs-bench", executor_memory=executor_memory)
     session.range(1).count()                         # the executor up and warm
     out = {"spark_start_s": round(time.perf_counter() - t0, 1)}
+    sources = {"spark": lambda: read_topic_df(session, cluster, TOPIC),
+               "spark_parquet": lambda: session.read.parquet(path)}
 
-    def timed(key, fn, want):
+    def run(source: str, name: str) -> float:
         t = time.perf_counter()
-        got = fn()
-        out[key] = round(time.perf_counter() - t, 2)
+        got = _query(name, sources[source]())        # the DataFrame made inside the clock
+        elapsed = time.perf_counter() - t
+        want = _expected(name, records, size)
         if got != want:
-            raise RuntimeError(f"{key}: got {got}, expected {want}")
+            raise RuntimeError(f"{source} {name}: got {got}, expected {want}")
+        return elapsed
 
-    def per_partition(df):
-        return sum(row["count"] for row in df.groupBy("partition").count().collect())
-
-    timed("spark_count_s", lambda: read_topic_df(session, cluster, TOPIC).count(), records)
-    timed("spark_groupby_s", lambda: per_partition(read_topic_df(session, cluster, TOPIC)),
-          records)
-    timed("spark_parquet_count_s", lambda: session.read.parquet(path).count(), records)
-    timed("spark_parquet_groupby_s", lambda: per_partition(session.read.parquet(path)),
-          records)
+    for name in QUERIES:
+        for source in sources:
+            out[f"{source}_{name}_cold_s"] = round(run(source, name), 2)
+        warm: dict = {source: [] for source in sources}
+        for _ in range(repeat):
+            for source in sources:
+                warm[source].append(run(source, name))
+        for source, times in warm.items():
+            out[f"{source}_{name}_s"] = round(statistics.median(times), 2)
+        say(f"  {name}: topic {out[f'spark_{name}_s']}s, Parquet "
+            f"{out[f'spark_parquet_{name}_s']}s (warm)")
     return out
 
 
@@ -149,18 +183,30 @@ def main() -> int:
     ap.add_argument("--brokers", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--num-cpus", type=int, default=None,
+                    help="CPUs of the Ray the run starts (default: the machine's)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="warm runs of each Spark query (the median is reported)")
     ap.add_argument("--executor-memory", default="2g", help="Spark executor memory")
     ap.add_argument("--no-spark", action="store_true", help="skip the Spark phases")
     a = ap.parse_args()
     records = a.records or (2_000_000 if a.quick else 10_000_000)
-    if records < 1 or a.record_size < 12 or a.partitions < 1 or a.brokers < 1:
-        ap.error("--records, --partitions and --brokers must be >= 1, --record-size >= 12")
+    if records < 1 or a.record_size < 12 or a.partitions < 1 or a.brokers < 1 \
+            or a.repeat < 1 or (a.num_cpus is not None and a.num_cpus < 1):
+        ap.error("--records, --partitions, --brokers, --repeat and --num-cpus must be >= 1, "
+                 "--record-size >= 12")
     from actors.tools import perf
+    from jobs.quiet import quiet_ray_data
     t_start = time.perf_counter()
     out: dict = {"brokers": a.brokers, "partitions": a.partitions,
-                 "record_size": a.record_size, "records": records}
+                 "record_size": a.record_size, "records": records,
+                 "load_average_start": _load()}
     state: dict = {}
-    with bench_cluster("jobs-bench", a.brokers) as (cluster, work):
+    ray_kwargs = {} if a.num_cpus is None else {"num_cpus": a.num_cpus}
+    with bench_cluster("jobs-bench", a.brokers, **ray_kwargs) as (cluster, work):
+        import ray
+        quiet_ray_data()
+        out["ray_cpus"] = int(ray.cluster_resources().get("CPU", 0))
         parquet = os.path.join(work, "parquet")
         out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
         cluster.admin().create_topic(TOPIC, partitions=a.partitions, replication_factor=1,
@@ -173,32 +219,37 @@ def main() -> int:
                 if "dataset" in state:
                     phase(out, "parquet", parquet_copy, state, parquet)
                 if not a.no_spark and "parquet_write_s" in out:
-                    phase(out, "spark", spark, cluster, records, parquet, a.executor_memory)
+                    phase(out, "spark", spark, cluster, records, a.record_size, parquet,
+                          a.executor_memory, a.repeat)
         finally:
             state.clear()
             from jobs.spark import stop_spark
             stop_spark()
+    out["load_average_end"] = _load()
     return finish(out, t_start, _goals, _table)
+
+
+def _load() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``uptime``'s)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _goals(out: dict) -> None:
     read, base = out.get("read_topic_records_per_s"), out.get("iter_columns_records_per_s")
     write = out.get("write_topic_records_per_s")
     out["read_topic_vs_iter_columns"] = ratio(read, base)
-    out["spark_count_vs_parquet"] = ratio(out.get("spark_count_s"),
-                                           out.get("spark_parquet_count_s"))
-    out["spark_groupby_vs_parquet"] = ratio(out.get("spark_groupby_s"),
-                                             out.get("spark_parquet_groupby_s"))
-    out["goals"] = {
-        "read_topic_records_per_s": read is not None and read >= GOAL_READ_RECORDS_PER_S,
+    goals = {
         "read_topic_vs_iter_columns": out["read_topic_vs_iter_columns"] is not None
         and out["read_topic_vs_iter_columns"] >= GOAL_READ_VS_ITER_COLUMNS,
         "write_topic_records_per_s": write is not None and write >= GOAL_WRITE_RECORDS_PER_S,
-        "spark_count_vs_parquet": out["spark_count_vs_parquet"] is not None
-        and out["spark_count_vs_parquet"] <= GOAL_SPARK_VS_PARQUET,
-        "spark_groupby_vs_parquet": out["spark_groupby_vs_parquet"] is not None
-        and out["spark_groupby_vs_parquet"] <= GOAL_SPARK_VS_PARQUET,
     }
+    for name in QUERIES:
+        for kind in ("", "_cold"):
+            out[f"spark_{name}{kind}_vs_parquet"] = ratio(
+                out.get(f"spark_{name}{kind}_s"), out.get(f"spark_parquet_{name}{kind}_s"))
+        r = out[f"spark_{name}_vs_parquet"]
+        goals[f"spark_{name}_vs_parquet"] = r is not None and r <= GOAL_SPARK_VS_PARQUET
+    out["goals"] = goals
 
 
 def _table(out: dict) -> None:
@@ -211,26 +262,25 @@ def _table(out: dict) -> None:
         ("write_topic records/s", fmt(out.get("write_topic_records_per_s")),
          f">= {GOAL_WRITE_RECORDS_PER_S:,}: {mark('write_topic_records_per_s')}"),
         ("iter_columns records/s (baseline)", fmt(out.get("iter_columns_records_per_s")), ""),
-        ("read_topic records/s", fmt(out.get("read_topic_records_per_s")),
-         f">= {GOAL_READ_RECORDS_PER_S:,}: {mark('read_topic_records_per_s')}"),
+        ("read_topic records/s", fmt(out.get("read_topic_records_per_s")), ""),
         ("read_topic / iter_columns", fmt(out.get("read_topic_vs_iter_columns"), "{:.2f}"),
          f">= {GOAL_READ_VS_ITER_COLUMNS}: {mark('read_topic_vs_iter_columns')}"),
-        ("Spark count s: topic / Parquet",
-         f"{fmt(out.get('spark_count_s'), '{:.2f}')} / "
-         f"{fmt(out.get('spark_parquet_count_s'), '{:.2f}')} "
-         f"({fmt(out.get('spark_count_vs_parquet'), '{:.1f}')}x)",
-         f"<= {GOAL_SPARK_VS_PARQUET}x: {mark('spark_count_vs_parquet')}"),
-        ("Spark groupBy s: topic / Parquet",
-         f"{fmt(out.get('spark_groupby_s'), '{:.2f}')} / "
-         f"{fmt(out.get('spark_parquet_groupby_s'), '{:.2f}')} "
-         f"({fmt(out.get('spark_groupby_vs_parquet'), '{:.1f}')}x)",
-         f"<= {GOAL_SPARK_VS_PARQUET}x: {mark('spark_groupby_vs_parquet')}"),
     ]
+    for name in QUERIES:
+        rows.append((f"Spark {name} s: topic / Parquet",
+                     f"{fmt(out.get(f'spark_{name}_s'), '{:.2f}')} / "
+                     f"{fmt(out.get(f'spark_parquet_{name}_s'), '{:.2f}')} "
+                     f"({fmt(out.get(f'spark_{name}_vs_parquet'), '{:.1f}')}x)",
+                     f"<= {GOAL_SPARK_VS_PARQUET}x: {mark(f'spark_{name}_vs_parquet')}"))
+        rows.append((f"  cold", f"{fmt(out.get(f'spark_{name}_cold_s'), '{:.2f}')} / "
+                     f"{fmt(out.get(f'spark_parquet_{name}_cold_s'), '{:.2f}')} "
+                     f"({fmt(out.get(f'spark_{name}_cold_vs_parquet'), '{:.1f}')}x)", ""))
     for what, value, goal in rows:
         say(f"{what:<36}{value:>26}   {goal}")
     for key in sorted(k for k in out if k.endswith("_error")):
         say(f"{key}: {out[key]}")
-    say(f"whole run {out['elapsed_s']}s")
+    say(f"whole run {out['elapsed_s']}s on {out.get('ray_cpus')} Ray CPUs; load average "
+        f"{out['load_average_start']} at the start, {out['load_average_end']} at the end")
 
 
 if __name__ == "__main__":

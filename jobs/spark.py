@@ -25,10 +25,13 @@ Java actors), with the driver JVM in this process. It passes what RayDP 1.6.5 ne
   (127.0.0.1 on raykafka's loopback Ray);
 - small defaults for one machine (``DEFAULT_CONFIGS``); ``configs`` overrides any of them.
 
-``read_topic_df`` is ``jobs.data.read_topic`` (one Ray read task per partition range) with
-each block converted to Spark's Kafka source columns in the same pipeline
-(``to_spark_block``), then written as Arrow IPC bytes that the executors read straight from
-Ray's object store (``dataset_to_df``: the JVM side of RayDP's Ray -> Spark bridge).
+``read_topic_df`` resolves the offset ranges on the driver and reads them inside Spark's
+executors, as Spark's own Kafka source does: one Spark partition per range, whose Python
+worker (attached to Ray once, ``attach_workers``) fetches the range through the partition
+leader's replica actor handle (``jobs.data.iter_range``) and yields Arrow record batches of
+Spark's Kafka source columns (``mapInArrow``), fetch by fetch; nothing goes through Ray's
+object store. ``dataset_to_df`` still turns a Ray Dataset into a DataFrame (RayDP's Ray ->
+Spark bridge, through Arrow IPC objects this driver holds until ``release_df``).
 ``write_topic_df`` is RayDP's Spark -> Ray bridge (``ray.data.from_spark``) and
 ``jobs.data.write_topic``.
 
@@ -47,6 +50,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -57,8 +61,9 @@ from pyspark.sql import types as T
 
 from actors.errors import (IllegalArgumentError, IllegalStateError,
                            InvalidConfigurationError, KafkaTimeoutError)
-from jobs.data import (TIMESTAMP_CREATE_TIME, _as_cluster, _topic_list, read_topic,
-                       write_topic)
+from jobs.data import (DEFAULT_FETCH_MAX_BYTES,
+                       TIMESTAMP_CREATE_TIME, _as_cluster, _topic_list, iter_range, plan_read,
+                       split_ranges, write_topic)
 from jobs.quiet import spark_log4j2_properties, verbose
 
 log = logging.getLogger(__name__)
@@ -128,6 +133,8 @@ def spark_session(app_name: str = "raykafka", num_executors: int = 1, executor_c
     RAYKAFKA_VERBOSE (jobs/quiet.py) or ``configs`` names one (``spark.log4j.config.file.name``),
     the driver JVM starts with a log4j2 configuration at that level
     (``jobs.quiet.spark_log4j2_properties``), so its start prints nothing but warnings.
+    Before it returns, the executors' Python workers are started and attached to Ray
+    (``attach_workers``): what ``read_topic_df``'s reads need.
 
     One session per process (RayDP's rule): called again with the same arguments it returns
     the running session; with others it raises IllegalStateError (``stop_spark()`` first).
@@ -196,6 +203,7 @@ def spark_session(app_name: str = "raykafka", num_executors: int = 1, executor_c
                 os.unlink(log4j2)
         if log_level is not None:
             spark.sparkContext.setLogLevel(log_level)
+        attach_workers(spark, num_executors * executor_cores)
         log.info("Spark session %r on RayDP up in %.1fs", app_name, time.monotonic() - started)
         _session, _session_args = spark, args
         return spark
@@ -354,40 +362,205 @@ SPARK_LOG_APPEND_TIME = 1
 SPARK_NO_TIMESTAMP_TYPE = -1
 
 
+#: ``read_topic_df``'s default ``max_records_per_task``: the most offsets one Spark
+#: partition reads. Larger than ``read_topic``'s: a Spark task has a fixed cost of its own
+#: (a Python worker's task set-up, measured at tens of ms on 2 cores) and Spark's own
+#: Kafka source reads one topic partition per Spark partition.
+DEFAULT_SPARK_RECORDS_PER_PARTITION = 4_000_000
+#: ``read_topic_df``'s options (the rest of ``read_topic``'s are Ray task resources: the
+#: reads run in Spark's executors here)
+READ_OPTIONS = ("partitions", "max_records_per_task", "fetch_max_bytes", "consumer_config",
+                "timeout_ms")
+
+
 def read_topic_df(spark, cluster, topic_or_topics, starting_offsets="earliest",
                   ending_offsets="latest", **read_options) -> DataFrame:
     """A Spark DataFrame of the records of ``topic_or_topics`` from ``starting_offsets`` up to
     ``ending_offsets`` (exclusive), with exactly the columns of Spark's Kafka source
     (``SPARK_SCHEMA``): key, value (binary), topic, partition (int), offset (long),
     timestamp (timestamp), timestampType (int: 0 CreateTime, 1 LogAppendTime, -1 none),
-    headers (array<struct<key: string, value: binary>>, repeated keys kept, in order).
+    headers (array<struct<key: string, value: binary>>, repeated keys kept, in order; null
+    for a record without headers, as Spark's source gives).
 
     ``spark``: a session of ``spark_session``. ``cluster``: an ``actors.Cluster`` or its
     namespace. Offsets as ``jobs.data.read_topic`` takes them ("earliest", "latest", an int,
     a datetime, ``{topic: {partition: offset}}``) or as Spark's ``startingOffsets`` /
     ``endingOffsets`` option, a JSON string ``'{"events": {"0": 23, "1": -2}}'`` (-2
-    earliest, -1 latest). ``read_options`` go to ``read_topic`` (``max_records_per_task``,
-    ``fetch_max_bytes``, ``consumer_config``, ...).
+    earliest, -1 latest). ``read_options``: ``partitions``, ``max_records_per_task`` (the
+    most offsets one Spark partition reads), ``fetch_max_bytes``, ``consumer_config``,
+    ``timeout_ms``, as ``read_topic`` takes them.
 
-    Offsets are resolved, and the records read into Ray's object store, when this is called
-    (``read_topic``, executed): the DataFrame is a fixed snapshot of
-    committed records (below each partition's high watermark), one Spark partition per Ray
-    block. This process holds those blocks until ``release_df(df)`` or ``stop_spark()``.
+    Offsets are resolved when this is called: the DataFrame is a fixed snapshot of
+    committed records (below each partition's high watermark). The records are read when
+    Spark computes the DataFrame, inside its executors, as Spark's own Kafka source does:
+    one Spark partition per offset range (``jobs.data.split_ranges``), whose task's Python
+    worker fetches the range from the partition leader through its replica actor handle
+    (``jobs.data.iter_range``) and hands Spark Arrow record batches of its columns
+    (``mapInArrow``), fetch by fetch, so Spark works on the first records while later
+    ones are fetched. Nothing goes through Ray's object store and nothing is held after
+    the action: each action reads the ranges again (``df.cache()`` to keep them).
+    A worker attaches to Ray the first time it reads (``spark_session`` does it ahead).
 
     Raises what ``read_topic`` raises (UnknownTopicOrPartitionError, IllegalArgumentError,
-    OffsetOutOfRangeError, InvalidConfigurationError) and IllegalArgumentError for a
-    ``spark`` that is not a SparkSession or offsets JSON that does not parse.
+    OffsetOutOfRangeError, InvalidConfigurationError), on the driver, and
+    IllegalArgumentError for a ``spark`` that is not a SparkSession, offsets JSON that does
+    not parse or an option not in READ_OPTIONS.
     """
     if not isinstance(spark, SparkSession):
         raise IllegalArgumentError(f"spark must be a SparkSession (jobs.spark.spark_session()), "
                                    f"got {type(spark).__name__}")
+    unknown = sorted(set(read_options) - set(READ_OPTIONS))
+    if unknown:
+        raise IllegalArgumentError(
+            f"read_topic_df takes the read options {list(READ_OPTIONS)}, not {unknown} (the "
+            f"reads run in Spark's executors, not in Ray tasks)")
     names = _topic_list(topic_or_topics)
     start = _spark_offsets(starting_offsets, "starting_offsets")
     end = _spark_offsets(ending_offsets, "ending_offsets")
-    ds = read_topic(cluster, names, start, end, **read_options)
-    ds = ds.map_batches(to_spark_block, batch_format="pyarrow", batch_size=None,
-                        zero_copy_batch=True)
-    return dataset_to_df(spark, ds, ARROW_SCHEMA)
+    options = {"max_records_per_task": DEFAULT_SPARK_RECORDS_PER_PARTITION,
+               "fetch_max_bytes": DEFAULT_FETCH_MAX_BYTES, "timeout_ms": None,
+               "consumer_config": {}, **read_options}
+    options["consumer_config"] = dict(options["consumer_config"] or {})
+    cluster, ranges = plan_read(cluster, names, start, end, **options)
+    pieces = [r for r in split_ranges(ranges, options["max_records_per_task"]) if r[3] > r[2]]
+    if not pieces:
+        return spark.createDataFrame([], SPARK_SCHEMA)
+    reader = RangeReader(cluster.namespace, _ray_address(), pieces,
+                         consumer_config=options["consumer_config"],
+                         fetch_max_bytes=options["fetch_max_bytes"],
+                         timeout_ms=options["timeout_ms"])
+    return spark.range(0, len(pieces), 1, numPartitions=len(pieces)) \
+        .mapInArrow(reader, SPARK_SCHEMA)
+
+
+class RangeReader:
+    """What ``read_topic_df``'s ``mapInArrow`` runs in a Spark Python worker: its input
+    rows are indexes into ``pieces`` (``(topic, partition, start, end)``); for each it
+    yields the range's records as Arrow record batches of ``ARROW_SCHEMA``, one per fetch.
+    Pickled with the plan; attaches the worker to the Ray at ``ray_address`` the first
+    time (Spark reuses its Python workers, ``spark.python.worker.reuse``)."""
+
+    def __init__(self, namespace: str, ray_address: str, pieces, *, consumer_config: dict,
+                 fetch_max_bytes: int, timeout_ms: int | None):
+        self.namespace = namespace
+        self.ray_address = ray_address
+        self.pieces = [tuple(p) for p in pieces]
+        self.consumer_config = dict(consumer_config)
+        self.fetch_max_bytes = fetch_max_bytes
+        self.timeout_ms = timeout_ms
+
+    def __call__(self, batches):
+        attach_worker(self.ray_address)
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                topic, partition, start, end = self.pieces[index]
+                for table in iter_range(self.namespace, topic, partition, start, end,
+                                        consumer_config=self.consumer_config,
+                                        fetch_max_bytes=self.fetch_max_bytes,
+                                        timeout_ms=self.timeout_ms):
+                    yield to_spark_batch(table, topic, partition)
+
+
+def attach_workers(spark: SparkSession, slots: int = 1) -> float:
+    """Start the executors' Python workers and attach each to Ray now (one task per slot),
+    so the first ``read_topic_df`` does not wait for it (10-20 s on a busy 2-core
+    machine); the seconds it took. ``spark_session`` calls it."""
+    started = time.monotonic()
+    schema = T.StructType([T.StructField("id", T.LongType())])
+    namespace = ray.get_runtime_context().namespace
+    spark.range(0, slots, 1, numPartitions=slots) \
+        .mapInArrow(_AttachOnly(_ray_address(), namespace), schema).collect()
+    return time.monotonic() - started
+
+
+class _AttachOnly:
+    """``attach_workers``' mapInArrow function: attaches the worker (``Cluster.connect``,
+    as a read does), passes its input on."""
+
+    def __init__(self, ray_address: str, namespace: str):
+        self.ray_address = ray_address
+        self.namespace = namespace
+
+    def __call__(self, batches):
+        attach_worker(self.ray_address)
+        from actors import Cluster
+        try:
+            Cluster.connect(self.namespace)
+        except Exception as exc:  # noqa: BLE001 - only a warm-up: a read reports errors
+            log.debug("attaching a Spark Python worker: %r", exc)
+        yield from batches
+
+
+def attach_worker(ray_address: str) -> None:
+    """Attach this process (a Spark Python worker) to the Ray at ``ray_address`` unless it
+    is attached already: where ``Cluster.connect`` looks (RAY_ADDRESS) when no
+    ``raykafka start`` state names one."""
+    if not ray.is_initialized():
+        os.environ["RAY_ADDRESS"] = ray_address
+
+
+def _ray_address() -> str:
+    """The GCS address of the Ray this driver is attached to (what a Spark Python worker
+    attaches to)."""
+    return ray.get_runtime_context().gcs_address
+
+
+def to_spark_batch(table: pa.Table, topic: str, partition: int) -> pa.RecordBatch:
+    """A table of ``SimpleConsumer.iter_columns`` (offset, timestamp, timestamp_type, key,
+    value, headers) as a record batch of ``ARROW_SCHEMA``: Spark's Kafka source columns in
+    its order, the timestamp as microseconds (UTC), timestampType in Kafka's numbering (-1
+    for a record without a timestamp), headers null where a record has none. The numeric
+    columns are computed in NumPy (several times cheaper than Arrow's kernels for one
+    fetch's worth of rows) and wrapped without a copy."""
+    n = table.num_rows
+
+    def column(name):
+        col = table.column(name)
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+    ts = column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    ts_type = np.where(ts == -1, np.int32(SPARK_NO_TIMESTAMP_TYPE),
+                       column("timestamp_type").to_numpy(zero_copy_only=False)
+                       ).astype(np.int32, copy=False)
+    return pa.RecordBatch.from_arrays([
+        column("key").cast(pa.binary()),
+        column("value").cast(pa.binary()),
+        _repeated_string(topic, n),
+        pa.array(np.full(n, partition, np.int32)),
+        column("offset").cast(pa.int64()),
+        pa.array(ts * 1000, pa.timestamp("us", tz="UTC")),
+        pa.array(ts_type),
+        _null_when_empty(column("headers")),
+    ], schema=ARROW_SCHEMA)
+
+
+def _repeated_string(text: str, n: int) -> pa.Array:
+    """A string array of ``n`` times ``text``, built from its buffers."""
+    raw = text.encode()
+    offsets = np.arange(0, (n + 1) * len(raw), len(raw) or 1, dtype=np.int32)[:n + 1] \
+        if raw else np.zeros(n + 1, np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(raw * n)])
+
+
+def _null_when_empty(lists: pa.ListArray) -> pa.ListArray:
+    """``lists`` (headers) with every empty list null, as Spark's Kafka source gives a
+    record without headers. (A slice of a list array, what a fetch whose first batch began
+    before the range gives, is rebuilt from offset 0: Arrow takes no validity bitmap with
+    sliced offsets.)"""
+    lists = lists.cast(ARROW_SCHEMA.field("headers").type)
+    offsets = lists.offsets.to_numpy(zero_copy_only=False)
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first == last:
+        return pa.nulls(len(lists), lists.type)
+    empty = np.diff(offsets) == 0
+    if lists.null_count:
+        empty |= lists.is_null().to_numpy(zero_copy_only=False)
+    if not empty.any():
+        return lists
+    return pa.ListArray.from_arrays(pa.array(offsets - first, pa.int32()),
+                                    lists.values.slice(first, last - first),
+                                    type=lists.type, mask=pa.array(empty))
 
 
 def to_spark_block(block: pa.Table) -> pa.Table:

@@ -356,13 +356,24 @@ class BatchInfo:
     end: Offsets
     num_records: int
     rerun: bool                  # the batch was planned by an earlier run that did not commit
+    # seconds: making the batch's data (with Spark only resolving its ranges: the records
+    # are read when foreach_batch's actions compute the DataFrame, inside process_s),
+    # foreach_batch, and the whole batch from its plan to its commit
     read_s: float = 0.0
     process_s: float = 0.0
+    latency_s: float = 0.0
     result: Any = field(default=None, repr=False)   # what foreach_batch returned
+
+    @property
+    def records_per_s(self) -> float:
+        """The batch's throughput: its records over its latency."""
+        return self.num_records / self.latency_s if self.latency_s > 0 else 0.0
 
     def as_dict(self) -> dict:
         return {"batch_id": self.batch_id, "num_records": self.num_records, "rerun": self.rerun,
                 "read_s": round(self.read_s, 3), "process_s": round(self.process_s, 3),
+                "latency_s": round(self.latency_s, 3),
+                "records_per_s": round(self.records_per_s),
                 "start": _offsets_json(self.start), "end": _offsets_json(self.end)}
 
 
@@ -529,6 +540,7 @@ class MicroBatchStream:
         if not callable(foreach_batch):
             raise IllegalArgumentError(f"foreach_batch must be callable (data, batch_id), got "
                                        f"{foreach_batch!r}")
+        planned_at = time.monotonic()
         planned = self.plan_next(until)
         if planned is None:
             return None
@@ -565,10 +577,11 @@ class MicroBatchStream:
         finally:
             self._release(data)
         info = BatchInfo(plan.batch_id, plan.start, plan.end, plan.num_records, rerun,
-                         read_s, process_s, result)
+                         read_s, process_s, time.monotonic() - planned_at, result)
         self.last_progress = info
-        log.info("batch %d committed: %d records, read %.2fs, processed %.2fs",
-                 info.batch_id, info.num_records, read_s, process_s)
+        log.info("batch %d committed: %d records in %.2fs (%.0f records/s; read %.2fs, "
+                 "processed %.2fs)", info.batch_id, info.num_records, info.latency_s,
+                 info.records_per_s, read_s, process_s)
         return info
 
     def run(self, foreach_batch: Callable[[Any, int], Any], *, trigger_interval_s: float = 0.0,

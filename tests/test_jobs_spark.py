@@ -28,7 +28,7 @@ from cluster_helpers import ray, stop_ray, unique_namespace, wait_until
 from jobs.data import read_topic, write_topic
 from jobs.examples import word_count
 from jobs.spark import (JAVA_OPTIONS, SPARK_SCHEMA, active_session, dataset_to_df,
-                        read_topic_df, spark_session, stop_spark, write_topic_df)
+                        held_dfs, read_topic_df, spark_session, stop_spark, write_topic_df)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = {"zookeeper.session.timeout.ms": 20000}
@@ -38,15 +38,24 @@ BASE = (int(time.time()) - 3600) * 1000          # record i is stamped BASE + i 
 # `ray job submit` of the example starts a second driver with its own Spark (JVMs, executor):
 # over a minute on a loaded 2-core machine, so it runs only when asked for
 JOB_SUBMIT = os.environ.get("RAYKAFKA_TEST_JOB_SUBMIT") == "1"
+# Ray's object store for the module: small, so that a topic larger than it is quick to fill
+# (test_a_topic_larger_than_rays_object_store_is_read_without_using_it)
+OBJECT_STORE_BYTES = 96 << 20
 
 
 def plain_record(p: int, i: int) -> dict:
     """What "plain" holds at (p, i), as read_topic_df gives it: null keys every 4th record,
-    headers on even ones (the key "h" twice), CreateTime (Spark's 0)."""
+    headers on even ones (the key "h" twice; null on odd ones, as Spark's Kafka source
+    gives a record without headers), CreateTime (Spark's 0)."""
     return {"key": None if i % 4 == 0 else b"k%d-%d" % (p, i), "value": b"p%d-%d" % (p, i),
             "topic": "plain", "partition": p, "offset": i, "ts_ms": BASE + i * 1000,
             "timestampType": 0,
-            "headers": [("h", b"a"), ("h", b"b"), ("n", b"%d" % i)] if i % 2 == 0 else []}
+            "headers": [("h", b"a"), ("h", b"b"), ("n", b"%d" % i)] if i % 2 == 0 else None}
+
+
+def sent_headers(p: int, i: int) -> list:
+    """The headers "plain"'s record (p, i) was produced with ([] for none)."""
+    return plain_record(p, i)["headers"] or []
 
 
 def _start_spark(out: dict) -> None:
@@ -69,7 +78,8 @@ def started():
     # 4 logical CPUs: this module's Spark executor holds one, Ray Data tasks (and, with
     # RAYKAFKA_TEST_JOB_SUBMIT=1, the submitted job's executor) need the others; the
     # dashboard is the job server `ray job submit` needs
-    raycompat.init_local("raykafka-tests", num_cpus=4, dashboard=JOB_SUBMIT)
+    raycompat.init_local("raykafka-tests", num_cpus=4, dashboard=JOB_SUBMIT,
+                         object_store_memory=OBJECT_STORE_BYTES)
     ray.data.DataContext.get_current().enable_progress_bars = False
     spark_out: dict = {}
     spark_thread = threading.Thread(target=_start_spark, args=(spark_out,), daemon=True)
@@ -89,7 +99,8 @@ def started():
                     producer.send_batch("plain", [r["value"] for r in recs],
                                         keys=[r["key"] for r in recs], partition=p,
                                         timestamps=[r["ts_ms"] for r in recs],
-                                        headers=[r["headers"] for r in recs]).wait(timeout=60)
+                                        headers=[sent_headers(p, i) for i in range(lo, hi)]
+                                        ).wait(timeout=60)
             producer.send_batch("appended", [b"a", b"b"], timestamps=[5, 6]).wait(timeout=60)
         spark_thread.join(timeout=600)
         if "error" in spark_out:
@@ -122,8 +133,9 @@ def rows(df) -> list[dict]:
         d = r.asDict(recursive=True)
         d["key"] = None if d["key"] is None else bytes(d["key"])
         d["value"] = None if d["value"] is None else bytes(d["value"])
-        d["headers"] = [(h["key"], None if h["value"] is None else bytes(h["value"]))
-                        for h in d["headers"]]
+        if d["headers"] is not None:
+            d["headers"] = [(h["key"], None if h["value"] is None else bytes(h["value"]))
+                            for h in d["headers"]]
         out.append(d)
     return sorted(out, key=lambda d: (d["topic"], d["partition"], d["offset"]))
 
@@ -197,6 +209,75 @@ def test_values_keys_headers_offsets_and_timestamps_round_trip(spark, cluster):
     assert len(both) == PARTS * PER_PART + 2
     assert [(r["value"], r["timestampType"]) for r in appended] == [(b"a", 1), (b"b", 1)]
     assert all(r["ts_ms"] > BASE for r in appended)           # not the 5 and 6 sent
+
+
+def test_a_record_without_headers_has_null_headers_as_in_sparks_kafka_source(spark, cluster):
+    """A record produced without headers has headers null (Spark's Kafka source:
+    KafkaRecordToRowConverter gives null, not an empty array), also in a fetch where no
+    record has any ("appended"); records with headers keep them."""
+    df = read_topic_df(spark, cluster, ["plain", "appended"])
+    assert df.where("headers IS NULL").count() == PARTS * PER_PART // 2 + 2
+    assert df.where("size(headers) = 0").count() == 0
+    assert df.where("topic = 'plain' AND offset % 2 = 0 AND size(headers) = 3").count() == \
+        PARTS * PER_PART // 2
+
+
+def test_read_topic_df_reads_in_spark_each_action_and_holds_nothing_in_ray(spark, cluster):
+    """read_topic_df resolves the ranges when called and reads them when Spark computes the
+    DataFrame, in Spark's executors: no Ray object is made for it (Ray's object store use
+    does not grow), records appended after the call are not read, and every action reads
+    the same records again."""
+    cluster.admin().create_topic("lazy", partitions=2)
+    with cluster.producer() as producer:
+        producer.send_batch("lazy", [b"x%d" % i for i in range(500)]).wait(timeout=60)
+    df = read_topic_df(spark, cluster, "lazy")
+    with cluster.producer() as producer:
+        producer.send_batch("lazy", [b"later"] * 100).wait(timeout=60)
+    store = ray.available_resources().get("object_store_memory", 0)
+    held = held_dfs()
+    assert df.count() == 500
+    assert df.where("value = 'later'").count() == 0
+    assert df.selectExpr("sum(length(value)) AS n").collect()[0]["n"] == sum(
+        len(b"x%d" % i) for i in range(500))
+    assert held_dfs() == held
+    # nothing of read_topic_df's went into the object store (a few KB of Ray's own
+    # bookkeeping may come and go)
+    assert ray.available_resources().get("object_store_memory", 0) >= store - (1 << 20)
+    assert read_topic_df(spark, cluster, "lazy").count() == 600
+
+
+def test_a_topic_larger_than_rays_object_store_is_read_without_using_it(spark, cluster):
+    """A topic holding more bytes than Ray's object store (96 MiB here) is counted and
+    summed through read_topic_df, and while Spark reads it the object store's free memory
+    never drops by more than a few MiB: the records go from the replicas to Spark's
+    executors without being stored in Ray."""
+    n, size = 1_100_000, 100
+    cluster.admin().create_topic("big", partitions=2)
+    with cluster.producer(acks=1) as producer:
+        for first in range(0, n, 100_000):
+            producer.send_batch("big", [b"%012d" % i + b"x" * (size - 12)
+                                        for i in range(first, first + 100_000)])
+        producer.flush(timeout=120)
+    assert n * size > OBJECT_STORE_BYTES
+    free = [ray.available_resources().get("object_store_memory", 0)]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            free.append(ray.available_resources().get("object_store_memory", 0))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        row = read_topic_df(spark, cluster, "big").selectExpr(
+            "count(*) AS n", "sum(length(value)) AS bytes").collect()[0]
+    finally:
+        done.set()
+        sampler.join(timeout=10)
+    assert (row["n"], row["bytes"]) == (n, n * size)
+    assert len(free) > 2
+    assert min(free) >= free[0] - (8 << 20), (free[0], min(free))
 
 
 def test_starting_and_ending_offsets_as_ints_dicts_json_and_words(spark, cluster):
@@ -351,6 +432,8 @@ def test_bad_input_raises_typed_errors_with_clear_messages(spark, cluster):
         read_topic_df(spark, cluster, "plain", PER_PART + 1)
     with pytest.raises(IllegalArgumentError, match="SparkSession"):
         read_topic_df("not spark", cluster, "plain")
+    with pytest.raises(IllegalArgumentError, match="num_cpus"):
+        read_topic_df(spark, cluster, "plain", num_cpus=1)
 
     ok = spark.createDataFrame([(b"v",)], "value binary")
     with pytest.raises(IllegalArgumentError, match="'value' column"):

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pyarrow.dataset as pads
 import pytest
@@ -205,6 +206,22 @@ def test_batches_read_every_record_once_in_contiguous_capped_ranges(cluster, tmp
     want = sorted((p, i, b"r%d-%d" % (p, i)) for p, n in ((0, 600), (1, 300), (2, 7))
                   for i in range(n))
     assert sorted(seen) == want
+
+
+def test_each_batch_reports_its_latency_and_throughput(cluster, tmp_path):
+    """A batch's BatchInfo gives its latency (plan to commit, at least its read plus its
+    foreach_batch, which sleeps 0.2 s here) and its records per second over that latency,
+    in as_dict too."""
+    cluster.admin().create_topic("timed", partitions=1)
+    _produce(cluster, "timed", {0: 50})
+    with MicroBatchStream(cluster, "timed", tmp_path / "ck") as stream:
+        info = stream.run_batch(lambda ds, n: time.sleep(0.2))
+    assert info.num_records == 50
+    assert info.latency_s >= info.read_s + info.process_s >= 0.2
+    assert info.records_per_s == pytest.approx(50 / info.latency_s)
+    d = info.as_dict()
+    assert d["latency_s"] == round(info.latency_s, 3)
+    assert d["records_per_s"] == round(50 / info.latency_s)
 
 
 def test_a_failed_batch_runs_again_with_exactly_its_recorded_range(cluster, tmp_path):

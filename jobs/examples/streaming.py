@@ -196,8 +196,8 @@ def main(argv=None) -> dict:
 
         def report(info):
             print(f"batch {info.batch_id}{' (re-run)' if info.rerun else ''}: "
-                  f"{info.num_records} views, read {info.read_s:.1f}s, "
-                  f"processed {info.process_s:.1f}s", flush=True)
+                  f"{info.num_records} views in {info.latency_s:.1f}s "
+                  f"({info.records_per_s:,.0f} views/s)", flush=True)
 
         if args.produce:
             producer_thread = threading.Thread(
