@@ -1,9 +1,13 @@
-"""Client-side metadata: which partitions a topic has and which replica actor leads each.
+"""Client-side metadata: which partitions a topic has, which broker leads each, and where
+each broker's Kafka listener is.
 
-Read from any live broker's metadata cache (the controller keeps those current), cached here,
-and refreshed when a caller reports a stale answer (``invalidate``). Leader handles are Ray
-actor handles looked up by name, cached per (topic, partition, leader, leader_epoch), so a
-new leader or a restarted broker is never served from a stale handle.
+Read from any live broker's metadata cache (the controller keeps those current) with a Ray
+call, cached here, and refreshed when a caller reports a stale answer (``invalidate``):
+a refresh is not the steady state. The data path (Producer, Consumer, SimpleConsumer)
+needs only ``leader_broker`` and ``broker_address``, both answered from the cache without a
+call. ``leader`` gives the leader replica's Ray actor handle (looked up by name, cached per
+(topic, partition, leader, leader_epoch), so a new leader or a restarted broker is never
+served from a stale handle) for the control plane and the jobs' bulk reads.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import NamedTuple
 import ray
 
 from ..protocol import broker_actor_name, replica_actor_name
-from ..errors import (LeaderNotAvailableError, NoBrokersAvailable, UnknownTopicOrPartitionError)
+from ..errors import (BrokerNotAvailableError, LeaderNotAvailableError, NoBrokersAvailable,
+                      UnknownTopicOrPartitionError)
 
 METADATA_CALL_TIMEOUT_S = 10.0
 # how long a newest-refresh waits for other brokers once one has answered
@@ -173,6 +178,27 @@ class Metadata:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition} (partitions 0..{len(parts) - 1})")
         return parts[partition]
+
+    def leader_broker(self, topic: str, partition: int) -> tuple[int, int]:
+        """(broker id, leader epoch) of the partition's leader, from the cached metadata
+        (LeaderNotAvailableError while it has none: the next lookup re-reads)."""
+        state = self.partition_state(topic, partition)
+        if state["leader"] < 0:
+            self.invalidate(topic)
+            raise LeaderNotAvailableError(f"{topic}-{partition} has no live leader")
+        return int(state["leader"]), int(state["leader_epoch"])
+
+    def broker_address(self, broker_id: int) -> tuple[str, int]:
+        """(host, port) of the Kafka listener ``broker_id`` registered, from the cached
+        metadata, re-read once when it does not list the broker (BrokerNotAvailableError,
+        retriable, when it still does not)."""
+        for fresh in (False, True):
+            brokers = (self.refresh() if fresh else self.snapshot()).get("brokers") or {}
+            info = brokers.get(broker_id) or brokers.get(str(broker_id))
+            if info and info.get("port"):
+                return info["host"], int(info["port"])
+        raise BrokerNotAvailableError(f"broker {broker_id} has no live Kafka listener in "
+                                      f"the metadata")
 
     def leader(self, topic: str, partition: int) -> LeaderRef:
         state = self.partition_state(topic, partition)

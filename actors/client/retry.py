@@ -12,10 +12,12 @@ What is retried (``RetryPolicy.retriable``, on the error *as raised*, before ``u
 - **UnknownTopicOrPartitionError depends on where it was raised.** Raised in this process,
   it comes from the client's Metadata, which says "unknown" only after re-reading a broker's
   metadata when its cache missed the topic or partition: the cluster has just answered,
-  and asking again would only turn a user's typo into a long wait. It is final. Raised by an
-  actor (it arrives wrapped in Ray's RayTaskError), it means the replica or broker this
-  client's metadata pointed at does not host the partition (any more): the metadata is
-  stale, so it is retried after a refresh, as Kafka retries UNKNOWN_TOPIC_OR_PARTITION.
+  and asking again would only turn a user's typo into a long wait. It is final. Answered by
+  a broker (a partition's error code in a response: ``network.broker_error`` marks it) or
+  raised by an actor (it arrives wrapped in Ray's RayTaskError), it means the broker or
+  replica this client's metadata pointed at does not host the partition (any more): the
+  metadata is stale, so it is retried after a refresh, as Kafka retries
+  UNKNOWN_TOPIC_OR_PARTITION.
 - **GetTimeoutError is retried** within the bounds: the leader may be paused, overloaded or
   about to lose its leadership, and the metadata refresh before the next attempt can name a
   new leader. The retried requests are reads (fetch, list_offsets), so a retry cannot
@@ -64,7 +66,10 @@ DEFAULT_JITTER = 0.2
 
 
 def _crossed_ray(exc: BaseException) -> bool:
-    """Was ``exc`` raised by an actor (it reached us wrapped in Ray's RayTaskError)?"""
+    """Was ``exc`` answered by a broker (``network.broker_error``) or raised by an actor
+    (it reached us wrapped in Ray's RayTaskError)?"""
+    if getattr(exc, "from_broker", False):
+        return True
     import ray.exceptions
     return isinstance(exc, ray.exceptions.RayTaskError)
 
