@@ -1,4 +1,5 @@
-"""Producer against real PartitionReplica actors (FakeMetadata, one local Ray per module)."""
+"""Producer against real PartitionReplica actors through real Kafka listeners in this
+process (FakeMetadata, one local Ray per module), and against scripted brokers."""
 
 import itertools
 import json
@@ -317,58 +318,66 @@ def test_close_delivers_pending_and_is_idempotent(md):
     assert producer.closed
 
 
-@ray.remote
-def _answer_later(answer, delay_s):
-    import time
-    time.sleep(delay_s)
-    return answer
-
-
-class SlowLeader:
-    """A leader whose produce answers after ``delay_s`` (so requests stay in flight),
-    assigning offsets like a log; records each request's batches."""
+class SlowLog:
+    """A scripted broker's produce that answers ``delay_s`` after each request (so
+    requests stay in flight), assigning offsets like a log; ``requests`` has the number of
+    batches each request carried for the partition."""
 
     def __init__(self, delay_s):
-        from actors.protocol import ProduceResult
-        from storage.records import iter_headers
+        self.delay_s = delay_s
         self.requests = []
         self.next_offset = 0
-        outer = self
 
-        class _Produce:
-            def remote(self, payload, acks, timeout_ms):
-                headers = list(iter_headers(payload))
-                outer.requests.append(len(headers))
-                n = sum(h.records_count for h in headers)
-                base, outer.next_offset = outer.next_offset, outer.next_offset + n
-                return _answer_later.remote(ProduceResult(base, base + n - 1, -1, 0), delay_s)
-        self.produce = _Produce()
-
-
-class OnePartition:
-    def __init__(self, leader):
-        self.handle = leader
-
-    def partitions_for(self, topic):
-        return [0]
-
-    def leader(self, topic, partition):
-        from actors.client.metadata import LeaderRef
-        return LeaderRef(self.handle, 0, 0)
-
-    def invalidate(self, topic=None):
-        pass
+    def __call__(self, payload, acks, timeout_ms):
+        import concurrent.futures
+        import threading
+        from actors.protocol import ProduceResult
+        from storage.records import iter_headers
+        headers = list(iter_headers(payload))
+        self.requests.append(len(headers))
+        n = sum(h.records_count for h in headers)
+        base, self.next_offset = self.next_offset, self.next_offset + n
+        future = concurrent.futures.Future()
+        threading.Timer(self.delay_s, future.set_result,
+                        [ProduceResult(base, base + n - 1, -1, 0)]).start()
+        return future
 
 
 def test_batches_queued_behind_a_request_in_flight_go_together_in_the_next():
     """While a partition's request is in flight, the small batches queued behind it go out
     together in the next request (up to max_request_size), and each record's future gets
     its own offset, in send order."""
-    leader = SlowLeader(delay_s=0.05)
-    with Producer(OnePartition(leader), linger_ms=0, batch_size=300) as producer:
-        futures = [producer.send("t", b"v%04d" % i) for i in range(400)]
-        producer.flush(timeout=60)
-        offsets = [f.get(timeout=10).offset for f in futures]
+    from client_fakes import ScriptedBackend, WireBroker, WireMetadata
+    log = SlowLog(delay_s=0.05)
+    broker = WireBroker(ScriptedBackend(produce=log))
+    try:
+        with Producer(WireMetadata([broker]), linger_ms=0, batch_size=300) as producer:
+            futures = [producer.send("t", b"v%04d" % i) for i in range(400)]
+            producer.flush(timeout=60)
+            offsets = [f.get(timeout=10).offset for f in futures]
+    finally:
+        broker.close()
     assert offsets == list(range(400))
-    assert sum(leader.requests) > len(leader.requests), "no request carried two batches"
-    assert max(leader.requests) > 2
+    assert sum(log.requests) > len(log.requests), "no request carried two batches"
+    assert max(log.requests) > 2
+
+
+def test_one_produce_request_per_broker_carries_all_its_partitions():
+    """Records for four partitions led by two brokers, ready together (one linger), reach
+    each broker in ONE Produce request carrying both of its partitions (one request per
+    broker, not one per partition)."""
+    from client_fakes import ScriptedBackend, WireBroker, WireMetadata
+    logs = [SlowLog(delay_s=0.2), SlowLog(delay_s=0.2)]
+    brokers = [WireBroker(ScriptedBackend(4, produce=log), i) for i, log in enumerate(logs)]
+    try:
+        md = WireMetadata(brokers, leaders=[0, 1, 0, 1])
+        with Producer(md, linger_ms=50) as producer:
+            futures = [producer.send("t", b"x", partition=p) for p in range(4)]
+            producer.flush(timeout=60)
+            assert all(f.get(timeout=10).offset >= 0 for f in futures)
+        for b, broker in enumerate(brokers):
+            requests = [sorted(p for _, p, _ in r) for r in broker.apis.produces]
+            assert requests == [[b, b + 2]], requests
+    finally:
+        for broker in brokers:
+            broker.close()

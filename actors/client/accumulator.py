@@ -28,7 +28,6 @@ import threading
 import time
 
 import numpy as np
-import ray
 
 from storage import records as _records
 
@@ -40,8 +39,6 @@ from .futures import FutureRecordMetadata
 # varints (5 + 1 + 10 + 5 + 5 + 5 + 5).
 RECORD_OVERHEAD_MAX = 36
 BATCH_OVERHEAD = _records.HEADER_SIZE
-# Built batches at least this large go to the object store from the caller's thread.
-PUT_MIN_BYTES = 64 * 1024
 
 
 class ProducerBatch:
@@ -57,7 +54,7 @@ class ProducerBatch:
     __slots__ = ("topic", "partition", "values", "keys", "timestamps", "headers", "size",
                  "count", "created", "closed", "data", "attempts", "retry_at", "sent_at",
                  "attempt_id", "done", "base_offset", "log_append_time", "log_start_offset",
-                 "error", "callbacks", "nbytes", "riders", "_cb_lock")
+                 "error", "callbacks", "nbytes", "riders", "broker_id", "_cb_lock")
 
     def __init__(self, topic: str, partition: int, now: float):
         self.topic = topic
@@ -85,13 +82,8 @@ class ProducerBatch:
         # batches of the same partition sent behind this one in the same request (its
         # records get the offsets after this batch's); set while in flight
         self.riders: list | None = None
+        self.broker_id: int | None = None   # the leader broker of its last attempt
         self._cb_lock = threading.Lock()
-
-    @property
-    def mergeable(self) -> bool:
-        """May share a request with other batches: its bytes are (or will be) here, not a
-        reference to the object store."""
-        return self.data is None or isinstance(self.data, (bytes, bytearray))
 
     @property
     def wire_size(self) -> int:
@@ -285,13 +277,11 @@ class RecordAccumulator:
         of a partition's ready batches at once, up to ``request_limit`` bytes: with one
         request in flight per partition, a backlog of small ``send`` batches would
         otherwise drain one batch per round trip (lock held)."""
-        if not head.mergeable:
-            return
         size = head.wire_size
         riders = []
         while q.batches:
             nb = q.batches[0]
-            if (not nb.mergeable or nb.retry_at > now
+            if (nb.retry_at > now
                     or size + nb.wire_size > self.request_limit
                     or not (nb.closed or hurry or now - nb.created >= self.linger_s
                             or len(q.batches) > 1)):
@@ -382,9 +372,9 @@ def cut_and_build(topic: str, assignment: list, values: list, keys, headers, ts:
                   buffer_memory: int):
     """Yield ``(batch, chunk)``: for each ``(partition, where)`` of ``assignment``, its
     records cut into batches of at most ``limit`` estimated bytes and built (``chunk``: a
-    slice or an index array into the input). Requests are as large as allowed (an actor
-    call costs ~1 ms: fewer, larger requests are faster), cut evenly so no partition ends
-    with a runt request."""
+    slice or an index array into the input). Batches are as large as allowed (fewer,
+    larger batches cost the broker and the replica less), cut evenly so no partition ends
+    with a runt batch."""
     for p, where in assignment:
         for chunk in _cuts(where, sizes, limit):
             if isinstance(chunk, slice):
@@ -402,9 +392,7 @@ def cut_and_build(topic: str, assignment: list, values: list, keys, headers, ts:
                 h = None
             data = _records.build(v, k, t, h, compression=codec, now_ms=now_ms)
             batch = ProducerBatch(topic, p, time.monotonic())
-            # Into the object store here, in the caller's thread: the sender's actor call
-            # then passes a reference instead of copying a megabyte under the GIL.
-            batch.data = ray.put(data) if len(data) >= PUT_MIN_BYTES else data
+            batch.data = data
             batch.count = len(v)
             batch.closed = True
             batch.nbytes = min(nbytes, buffer_memory)

@@ -1,4 +1,4 @@
-"""Producer: kafka-python's KafkaProducer over PartitionReplica actors.
+"""Producer: kafka-python's KafkaProducer, speaking Kafka's protocol to the brokers.
 
 Data path, one module per noun (as Kafka's producer)::
 
@@ -6,9 +6,10 @@ Data path, one module per noun (as Kafka's producer)::
                        │  batch per partition, bounded by buffer_memory; a batch is ready
                        │  when full (batch_size) or linger_ms old, or when flush()/close()
                        ▼  asks
-               Sender (sender.py): ONE thread; builds the v2 batch, calls
-               leader.produce.remote(batch, acks, timeout_ms), handles the answer, retries
-               per the RetryPolicy (retry.py)
+               Sender (sender.py): ONE thread; builds the v2 batches, sends every ready
+               batch of one leader broker in ONE Produce request over that broker's
+               connection (network.py), handles the answers, retries per the
+               RetryPolicy (retry.py)
     send_batch() ─► partitions a whole list at once (vectorised murmur2), builds the
                     request-sized batches in the caller's thread and queues them, already
                     built, on the same per-partition queues
@@ -30,9 +31,9 @@ Guarantees and their mechanisms:
   120 s); each attempt times out after ``request_timeout_ms``; ``buffer_memory`` bytes of
   unacknowledged records at most (send blocks up to ``max_block_ms``, then
   KafkaTimeoutError).
-- Retriable: what ``retry.RetryPolicy`` says (Kafka's retriable errors, KafkaStorageError,
-  our own request timeout, a dead leader actor); each retry invalidates the topic's
-  metadata first. An unknown topic or partition named by the metadata (which has re-read a
+- Retriable: what ``retry.RetryPolicy`` says (Kafka's retriable error codes such as
+  NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR, our own request timeout, a broken or
+  refused connection: NetworkError); each retry invalidates the topic's metadata first. An unknown topic or partition named by the metadata (which has re-read a
   broker) is final. Anything else fails the batch's futures with the typed error.
 
 Thread-safety: send/send_batch/flush/close may be called from any threads. Future callbacks
@@ -88,8 +89,10 @@ _ACKS = {0: 0, 1: 1, -1: -1, "all": -1, "0": 0, "1": 1, "-1": -1}
 class Producer:
     """A thread-safe producer; see the module docstring. ``Producer(metadata, **config)``.
 
-    ``metadata`` provides ``partitions_for(topic)``, ``leader(topic, partition)`` (a
-    LeaderRef with ``.handle``) and ``invalidate(topic=None)``.
+    ``metadata`` provides ``partitions_for(topic)``, ``leader_broker(topic, partition)``
+    (broker id, leader epoch), ``broker_address(broker_id)`` (host, port) and
+    ``invalidate(topic=None)``. A steady send makes no Ray call: the metadata is cached and
+    the records travel on the brokers' Kafka listeners.
     """
 
     def __init__(self, metadata, **config):
@@ -128,7 +131,7 @@ class Producer:
             request_limit=self._max_request_size)
         self._sender = Sender(self._accumulator, metadata, retry, acks=_ACKS[acks],
                               request_timeout_ms=request_timeout_ms, codec=self._codec,
-                              invalidate=self._invalidate)
+                              invalidate=self._invalidate, client_id=config["client_id"])
         self._sender.start()
 
     # -- context manager -----------------------------------------------------------------

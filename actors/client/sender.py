@@ -1,18 +1,22 @@
 """The producer's sender: ONE background thread that takes ready batches from the
-accumulator, sends each to its partition's leader, and handles the answers.
+accumulator, sends them to their partitions' leader brokers, and handles the answers.
 
 Each round (``step``) takes, under the accumulator's lock, the answers that arrived, the
 attempts that outlived their request timeout and the batches that may go, then acts on them
 outside the lock:
 
-- dispatch: build the v2 batch once (``storage.records.build``, with the codec), look the
-  leader up, call ``leader.produce.remote(batch, acks, timeout_ms)``; the answer comes back
-  through the ObjectRef's future as a completion, so the thread never blocks on one
-  partition while others are ready;
+- dispatch: build each v2 batch once (``storage.records.build``, with the codec), look its
+  partition's leader broker up in the cached metadata, and send every ready batch of one
+  broker in ONE Produce request (Kafka's ``Sender.sendProduceRequests``; cut at
+  ``request_limit`` bytes) over that broker's connection (``network.BrokerConnections``);
+  the answer comes back through the request's future as one completion per batch, so the
+  thread never blocks on one broker while others are ready;
 - complete: settle the batch (acknowledged, or failed for good), or retry it per the
   ``RetryPolicy`` (``delivery_timeout_ms``-bounded, Kafka's default): refresh the topic's
   metadata and put the batch back at the head of its queue after a backoff. Each attempt
-  ends once: a late answer of a timed-out attempt is dropped.
+  ends once: a late answer of a timed-out attempt is dropped. An attempt that timed out
+  closes its broker's connection (as Kafka's NetworkClient does): whatever else is in
+  flight there fails with NetworkError and is retried over a new connection.
 
 Thread-safety: completions are handed over under the accumulator's lock; everything else
 runs on the sender thread, except ``stop`` (any thread).
@@ -26,9 +30,11 @@ import time
 
 from storage import records as _records
 
-from ..errors import RequestTimedOutError
+from .. import wire
+from ..errors import NetworkError, RequestTimedOutError
 from ..protocol import unwrap
 from .accumulator import ProducerBatch, RecordAccumulator
+from .network import BrokerConnections, parse_produce
 from .retry import RetryPolicy, final_error
 
 log = logging.getLogger(__name__)
@@ -41,13 +47,16 @@ EXPIRY_GRACE_S = 1.0
 
 class Sender:
     """``Sender(accumulator, metadata, retry, acks=, request_timeout_ms=, codec=,
-    invalidate=)``; ``start()`` runs it, ``stop()`` ends it. ``invalidate(topic)`` forgets
-    the topic's metadata before a retry."""
+    invalidate=, client_id=)``; ``start()`` runs it, ``stop()`` ends it.
+    ``invalidate(topic)`` forgets the topic's metadata before a retry. ``metadata``
+    provides ``leader_broker(topic, partition)`` and ``broker_address(broker_id)``."""
 
     def __init__(self, accumulator: RecordAccumulator, metadata, retry: RetryPolicy, *,
-                 acks: int, request_timeout_ms: int, codec: int, invalidate):
+                 acks: int, request_timeout_ms: int, codec: int, invalidate,
+                 client_id: str | None = None):
         self._acc = accumulator
         self._metadata = metadata
+        self._network = BrokerConnections(metadata, client_id=client_id)
         self._retry = retry
         self._acks = acks
         self._request_timeout_ms = request_timeout_ms
@@ -71,6 +80,7 @@ class Sender:
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout=timeout)
+        self._network.close()
 
     # -- the loop ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -101,18 +111,46 @@ class Sender:
         for batch, attempt_id, outcome, error in completions:
             self._complete(batch, attempt_id, outcome, error)
         for batch, attempt_id in expired:
+            if batch.broker_id is not None:
+                self._network.drop(batch.broker_id)   # what else is in flight there fails
             self._complete(batch, attempt_id, None, RequestTimedOutError(
                 f"produce to {batch.topic}-{batch.partition} timed out after "
                 f"{self._request_timeout_ms} ms"))
-        for batch in ready:
-            self._dispatch(batch)
+        self._dispatch(ready)
         return True
 
-    # -- one attempt ---------------------------------------------------------------------
-    def _dispatch(self, batch: ProducerBatch) -> None:
-        """Build (once) and send one batch, with its riders (the batches of the same
-        partition queued behind it) in the same request; the answer arrives as a
-        completion."""
+    # -- one attempt per batch, one request per broker ---------------------------------
+    def _dispatch(self, ready: list) -> None:
+        """Send ``ready`` (each batch with its riders: the batches of the same partition
+        queued behind it), grouped by leader broker: one Produce request per broker,
+        within ``request_limit`` bytes; the answers arrive as completions."""
+        by_broker: dict[int, list] = {}
+        for batch in ready:
+            group = self._prepare(batch)
+            if group is None:
+                continue
+            try:
+                broker_id, _ = self._metadata.leader_broker(batch.topic, batch.partition)
+            except Exception as exc:  # noqa: BLE001 - classified in _complete
+                self._complete(batch, batch.attempt_id, None, exc)
+                continue
+            batch.broker_id = broker_id
+            by_broker.setdefault(broker_id, []).append((batch, group))
+        limit = self._acc.request_limit
+        for broker_id, items in by_broker.items():
+            request, size = [], 0
+            for batch, group in items:
+                nbytes = sum(len(b.data) for b in group)
+                if request and size + nbytes > limit:
+                    self._send(broker_id, request)
+                    request, size = [], 0
+                request.append((batch, group))
+                size += nbytes
+            self._send(broker_id, request)
+
+    def _prepare(self, batch: ProducerBatch) -> list | None:
+        """``batch`` and its riders, built; None (and the batch released) when close()
+        aborted it while it was queued."""
         riders = [r for r in batch.riders or () if not r.done.is_set()]
         for r in batch.riders or ():
             if r.done.is_set():        # aborted by close() while queued
@@ -122,8 +160,7 @@ class Sender:
             self._acc.requeue_riders(batch)
             self._acc.idle(batch)
             self._acc.forget(batch)
-            return
-        attempt_id = batch.attempt_id
+            return None
         group = [batch] + riders
         try:
             for b in group:
@@ -131,28 +168,70 @@ class Sender:
                     b.data = _records.build(b.values, b.keys, b.timestamps, b.headers,
                                             compression=self._codec)
                     b.values = b.keys = b.headers = None
-            payload = batch.data if not riders else b"".join(b.data for b in group)
-            leader = self._metadata.leader(batch.topic, batch.partition)
-            batch.sent_at = time.monotonic()
-            ref = leader.handle.produce.remote(payload, self._acks, self._request_timeout_ms)
         except Exception as exc:  # noqa: BLE001 - classified in _complete
-            self._complete(batch, attempt_id, None, exc)
+            self._complete(batch, batch.attempt_id, None, exc)
+            return None
+        return group
+
+    def _send(self, broker_id: int, request: list) -> None:
+        """One Produce request to ``broker_id`` carrying ``request``: [(batch, its group)],
+        one partition each."""
+        topics: dict[str, list] = {}
+        attempts = []
+        now = time.monotonic()
+        for batch, group in request:
+            payload = batch.data if len(group) == 1 else b"".join(b.data for b in group)
+            topics.setdefault(batch.topic, []).append(
+                {"index": batch.partition, "records": payload})
+            batch.sent_at = now
+            attempts.append((batch, batch.attempt_id, group))
+        body = {"transactional_id": None, "acks": self._acks,
+                "timeout_ms": self._request_timeout_ms,
+                "topic_data": [{"name": t, "partition_data": ps} for t, ps in topics.items()]}
+        try:
+            future = self._network.send(broker_id, wire.PRODUCE, body,
+                                        expect_response=self._acks != 0)
+        except Exception as exc:  # noqa: BLE001 - classified in _complete
+            for batch, attempt_id, _ in attempts:
+                self._complete(batch, attempt_id, None, exc)
             return
         if self._acks == 0:
-            # fire and forget for the caller; the sender still paces by the answer
-            for b in group:
-                b.settle(-1, -1, -1, None)
+            # fire and forget: settled once written; the partitions may send again
+            completions = []
+            for batch, attempt_id, group in attempts:
+                for b in group:
+                    b.settle(-1, -1, -1, None)
+                completions.append((batch, attempt_id, None, None))
+            self._hand_over(completions)
+            return
 
-        def on_done(fut, batch=batch, attempt_id=attempt_id):
+        def on_done(fut, attempts=attempts, broker_id=broker_id):
             try:
-                outcome, error = fut.result(), None
+                answers = parse_produce(fut.result())
+                error = None
             except BaseException as exc:  # noqa: BLE001 - handed to the sender thread
-                outcome, error = None, exc
-            with self._acc.lock:
-                self._completions.append((batch, attempt_id, outcome, error))
-                self._acc.wakeup.notify()
+                answers, error = {}, exc
+            completions = []
+            for batch, attempt_id, _ in attempts:
+                if error is not None:
+                    completions.append((batch, attempt_id, None, error))
+                    continue
+                answer = answers.get((batch.topic, batch.partition))
+                if answer is None:
+                    answer = NetworkError(f"broker {broker_id} answered a produce without "
+                                          f"{batch.topic}-{batch.partition}")
+                if isinstance(answer, BaseException):
+                    completions.append((batch, attempt_id, None, answer))
+                else:
+                    completions.append((batch, attempt_id, answer, None))
+            self._hand_over(completions)
 
-        ref.future().add_done_callback(on_done)
+        future.add_done_callback(on_done)
+
+    def _hand_over(self, completions: list) -> None:
+        with self._acc.lock:
+            self._completions.extend(completions)
+            self._acc.wakeup.notify()
 
     def _complete(self, batch: ProducerBatch, attempt_id: int, outcome, error) -> None:
         """Handle the end of one attempt of ``batch`` (and its riders): its answer, its
