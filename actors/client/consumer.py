@@ -1,25 +1,35 @@
-"""Consumer (kafka-python names): fetches from partition leaders, tracks positions.
+"""Consumer (kafka-python names): fetches from the leader brokers over Kafka's protocol,
+tracks positions.
 
 This is the consumer without a group (``group_id=None``): partitions come from ``assign``,
 or from ``subscribe`` (every partition of the matching topics, re-read as topics appear).
 Positions start per ``auto_offset_reset``; an out-of-range position is reset the same way.
 
-Fetching is Kafka's long poll: each assigned partition has at most one fetch in flight, sent
-with ``max_wait_ms`` = min(time left in the ``poll``, ``fetch_max_wait_ms``) and
-``min_bytes`` = ``fetch_min_bytes``, so the leader holds it until data is committed (or the
-wait ends) and the consumer sees a record about one round trip after its commit, without
-polling the leader in a loop. ``poll`` returns as soon as any partition answers with
+Fetching is Kafka's: ONE Fetch request per leader broker carries every assigned partition
+it leads that has no fetch in flight (``network.BrokerConnections``: a connection per
+broker kept for fetches, the brokers found in the cached metadata, so a steady poll makes
+no Ray call), a long poll with ``max_wait_ms`` = min(time left in the ``poll``,
+``fetch_max_wait_ms``) and ``min_bytes`` = ``fetch_min_bytes``: the broker parks it in its
+purgatory until data is committed (or the wait ends), and the consumer sees a record about
+one round trip after its commit, without polling in a loop. When a broker answers, the
+next Fetch for its partitions that brought data goes out before the answer is decoded (the
+Java consumer's pipelining). ``poll`` returns as soon as any partition answers with
 records; fetches still waiting stay in flight for the next ``poll`` (never more than one per
-partition, so waiting requests do not pile up on a leader). A ``seek`` abandons its
-partition's fetch in flight (its answer, for the old position, is never used).
+partition, so waiting requests do not pile up on a broker). A ``seek`` abandons its
+partition's fetch in flight (its answer, for the old position, is never used). Positions
+start and reset with ListOffsets requests (``auto_offset_reset``; ``seek_to_*``;
+``beginning_offsets``, ``end_offsets``, ``offsets_for_times``).
 
-Retries follow ``retry.RetryPolicy``: list_offsets (``position``, ``seek_to_*``) retries in
-the call; a fetch that fails retriably (a stale or dead leader, a timeout) invalidates the
-metadata and puts its partition in backoff, and later fetches of that partition (in this
-poll or the next) retry it. A partition that keeps failing past ``retries`` retries or
-``default_api_timeout_ms`` makes ``poll`` raise the last error, typed; so does any
-non-retriable error (an unknown topic or partition of an ``assign``ed partition included;
-a subscribed topic that disappears is dropped at the next subscription refresh instead).
+Retries follow ``retry.RetryPolicy``: ListOffsets (``position``, ``seek_to_*``) retries in
+the call; a fetch that fails retriably (NOT_LEADER_OR_FOLLOWER and Kafka's other retriable
+codes, a broken connection, no answer within ``request_timeout_ms`` past its wait, which
+also closes the connection) invalidates the metadata and puts its partition in backoff, and
+later fetches of that partition (in this poll or the next) retry it. A partition that
+keeps failing past ``retries`` retries or ``default_api_timeout_ms`` makes ``poll`` raise
+the last error, typed; so does any non-retriable error (an unknown topic or partition of an
+``assign``ed partition included; a subscribed topic that disappears is dropped at the next
+subscription refresh instead, which reads the topics with a Metadata request every
+``metadata_max_age_ms``).
 With a ``group_id`` and ``subscribe``, partitions come from the group instead
 (``group.GroupMember``: JoinGroup/SyncGroup with the group's coordinator). A background
 thread heartbeats every ``heartbeat_interval_ms`` independently of how long the caller
@@ -54,26 +64,30 @@ consumer is not polled or iterated directly.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import gc
 import itertools
 import operator
 import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import logging
 import threading
 
-from .. import raycompat
+from .. import raycompat, wire
 from ..errors import (CorruptRecordError, IllegalArgumentError, IllegalStateError,
-                      InvalidConfigurationError, OffsetOutOfRangeError,
+                      InvalidConfigurationError, KafkaTimeoutError, OffsetOutOfRangeError,
                       UnknownTopicOrPartitionError)
 from . import streams as _streams
 from ..protocol import unwrap
 from .config import positive_int, validate_config
 from .group import GroupMember
 from .retry import RetryPolicy, final_error
-from .simple_consumer import fetch_remote, next_fetch_offset
+from .network import (BrokerConnections, fetch_body, list_offsets_body,
+                      parse_fetch, parse_list_offsets)
+from .simple_consumer import next_fetch_offset, wait_answer
 
 ray = raycompat.ray
 log = logging.getLogger(__name__)
@@ -82,6 +96,9 @@ log = logging.getLogger(__name__)
 GROUP_CHECK_S = 0.05
 #: A claim's long poll at the coordinator (a handover waiting for its old owner's release).
 CLAIM_WAIT_MS = 5000
+#: How long the subscription's Metadata request waits for one broker before asking the
+#: next (a paused broker must not hold poll up for request_timeout_ms)
+METADATA_WAIT_S = 2.0
 _TOPIC_PARTITION = operator.itemgetter(0, 1)      # a Record's (topic, partition)
 _OFFSET = operator.attrgetter("offset")
 
@@ -119,6 +136,14 @@ DEFAULTS = {
 }
 
 
+class OffsetAndTimestamp(NamedTuple):
+    """kafka-python's answer of ``offsets_for_times``: the offset and timestamp of the
+    first record at or after the time asked."""
+
+    offset: int
+    timestamp: int
+
+
 @dataclass
 class _Backoff:
     """A partition whose fetches fail retriably: since when, how often, and when next."""
@@ -130,12 +155,14 @@ class _Backoff:
 
 @dataclass
 class _InFlight:
-    """A partition's fetch in flight: sent for ``offset``; the leader owes an answer by
-    ``expires_s`` (its wait plus ``request_timeout_ms``), else it counts as timed out."""
+    """A partition's fetch in flight: sent for ``offset`` in the Fetch request ``future``
+    to ``broker_id`` (shared by the partitions of one request); the broker owes an answer
+    by ``expires_s`` (its wait plus ``request_timeout_ms``), else it counts as timed out."""
 
     offset: int
-    ref: object
+    future: concurrent.futures.Future
     expires_s: float
+    broker_id: int
 
 
 class _BackgroundJoin:
@@ -190,6 +217,7 @@ class Consumer:
                                                 f"{self.config[key]!r}")
         self.cluster = cluster
         self.metadata = cluster.metadata
+        self._network = BrokerConnections(self.metadata, client_id=self.config["client_id"])
         self._assigned: list[tuple[str, int]] = []
         self._positions: dict[tuple[str, int], int] = {}
         self._subscription: set[str] = set()
@@ -316,7 +344,7 @@ class Consumer:
 
     def _matching_topics(self, topics: dict | None = None) -> list[str]:
         if topics is None:
-            topics = self.metadata.refresh().get("topics", {})
+            topics = self._read_topics()
         if self._filter is not None:
             return sorted(t for t in topics if self._filter.matches(t))
         return sorted(t for t in topics if t in self._subscription or
@@ -330,9 +358,30 @@ class Consumer:
             if self._matching_topics() != self._group_topics:
                 self._rejoin.set()        # a new matching topic: the group assigns it
             return
-        topics = self.metadata.refresh().get("topics", {})
+        topics = self._read_topics()
         tps = [(t, p) for t in self._matching_topics(topics) for p in sorted(topics[t])]
         self._set_assignment(tps)
+
+    def _read_topics(self) -> dict:
+        """``{topic: [partitions]}`` of every topic, for the subscription: a Metadata
+        request to a live broker of the cached metadata (Kafka's periodic refresh, no Ray
+        call); the brokers' caches through Ray when no listener answers."""
+        snapshot = getattr(self.metadata, "snapshot", None)
+        brokers = list((snapshot() if snapshot is not None else {}).get("brokers") or {})
+        timeout_s = min(self.config["request_timeout_ms"] / 1000, METADATA_WAIT_S)
+        for broker_id in brokers:
+            try:
+                broker_id = int(broker_id)
+                future = self._network.send(broker_id, wire.METADATA,
+                                            {"topics": None,
+                                             "allow_auto_topic_creation": False})
+                body = wait_answer(self._network, broker_id, future, timeout_s, "metadata")
+            except Exception:  # noqa: BLE001 - another broker, or the Ray path, answers
+                continue
+            return {t["name"]: sorted(p["partition_index"] for p in t["partitions"])
+                    for t in body["topics"] if t["error_code"] == 0 and t["name"]}
+        topics = self.metadata.refresh().get("topics", {})
+        return {t: sorted(int(p) for p in parts) for t, parts in topics.items()}
 
     # -- the group --------------------------------------------------------------------------------
     def _ensure_group(self) -> None:
@@ -467,13 +516,13 @@ class Consumer:
             self._rejoin.set()
 
     def _find_leaders(self, tps) -> None:
-        """Look up the leader replicas of ``tps`` (a named-actor lookup each, the first
-        time this process fetches a partition) while their claim is out, so the first
-        fetch after the claim does not wait for it (a traced handover: 75 ms). Never
-        raises: a leader not found now is met again by the fetch."""
+        """Open the connections to the leader brokers of ``tps`` while their claim is out,
+        so the first fetch after the claim does not wait for a connect (a traced handover
+        waited 75 ms for a lookup). Never raises: a leader not found now is met again by
+        the fetch."""
         for tp in tps:
             try:
-                self.metadata.leader(*tp)
+                self._network.connection(self.metadata.leader_broker(*tp)[0], "fetch")
             except Exception:  # noqa: BLE001 - see above
                 pass
 
@@ -656,13 +705,81 @@ class Consumer:
     def _list_offset(self, tp, time_ms: int) -> int:
         """The partition leader's offset for ``time_ms`` (-1 latest, -2 earliest), retried
         per the policy."""
-        def attempt(left_s):
-            leader = self.metadata.leader(*tp)
-            return ray.get(leader.handle.list_offsets.remote(time_ms, 1),
-                           timeout=self._attempt_timeout_s(left_s))[0]
+        return self._list_offsets([tp], time_ms)[tp][1]
 
-        return self._retry.call(attempt, on_retry=lambda _exc: self.metadata.invalidate(tp[0]),
-                                what=f"list_offsets of {tp[0]}-{tp[1]}")
+    def _list_offsets(self, tps, timestamp, *, retried: bool = True) -> dict:
+        """ListOffsets for ``tps`` at ``timestamp`` (an int, or ``{tp: int}``): one request
+        per leader broker, a partition that fails retriably asked again alone per the
+        policy (``retried``; else its error raised): ``{tp: (timestamp, offset)}``."""
+        stamp = timestamp if isinstance(timestamp, dict) else dict.fromkeys(tps, timestamp)
+        timeout_s = self.config["request_timeout_ms"] / 1000
+        groups: dict[int, list] = {}
+        out, again = {}, []
+        for tp in tps:
+            try:
+                groups.setdefault(self.metadata.leader_broker(*tp)[0], []).append(tp)
+            except Exception as exc:  # noqa: BLE001 - retried alone below
+                if not retried or not self._retry.retriable(exc):
+                    raise final_error(exc) from None
+                again.append(tp)
+        futures = {}
+        for broker_id, group in groups.items():
+            body = list_offsets_body([(t, p, stamp[(t, p)]) for t, p in group])
+            try:
+                futures[broker_id] = self._network.send(broker_id, wire.LIST_OFFSETS, body)
+            except Exception as exc:  # noqa: BLE001 - retried alone below
+                if not retried or not self._retry.retriable(exc):
+                    raise final_error(exc) from None
+                again.extend(group)
+        for broker_id, future in futures.items():
+            try:
+                answers = parse_list_offsets(wait_answer(
+                    self._network, broker_id, future, timeout_s, "list_offsets"))
+            except Exception as exc:  # noqa: BLE001 - retried alone below
+                if not retried or not self._retry.retriable(exc):
+                    raise final_error(exc) from None
+                answers = {}
+            for tp in groups[broker_id]:
+                answer = answers.get(tp)
+                if isinstance(answer, BaseException) or answer is None:
+                    if answer is not None and (not retried or
+                                               not self._retry.retriable(answer)):
+                        raise final_error(answer) from None
+                    again.append(tp)
+                else:
+                    out[tp] = answer
+        if again:
+            self.metadata.invalidate()
+        for tp in again:
+            def attempt(left_s, tp=tp):
+                return self._list_offsets([tp], stamp[tp], retried=False)[tp]
+
+            out[tp] = self._retry.call(
+                attempt, on_retry=lambda _exc, t=tp[0]: self.metadata.invalidate(t),
+                what=f"list_offsets of {tp[0]}-{tp[1]}")
+        return out
+
+    def beginning_offsets(self, partitions) -> dict:
+        """``{(topic, partition): log start offset}`` (ListOffsets -2, kafka-python's)."""
+        tps = [tuple(tp) for tp in partitions]
+        return {tp: o for tp, (_, o) in self._list_offsets(tps, -2).items()}
+
+    def end_offsets(self, partitions) -> dict:
+        """``{(topic, partition): high watermark}`` (ListOffsets -1, kafka-python's)."""
+        tps = [tuple(tp) for tp in partitions]
+        return {tp: o for tp, (_, o) in self._list_offsets(tps, -1).items()}
+
+    def offsets_for_times(self, timestamps: dict) -> dict:
+        """``{(topic, partition): ms}`` -> ``{(topic, partition): OffsetAndTimestamp or
+        None}``: the first record at or after each time (None when there is none),
+        kafka-python's ``offsets_for_times`` (ListOffsets with the times)."""
+        stamps = {tuple(tp): int(ts) for tp, ts in timestamps.items()}
+        for tp, ts in stamps.items():
+            if ts < 0:
+                raise IllegalArgumentError(f"the time of {tp} must be >= 0, got {ts}")
+        answers = self._list_offsets(list(stamps), stamps)
+        return {tp: None if offset < 0 else OffsetAndTimestamp(offset, ts)
+                for tp, (ts, offset) in answers.items()}
 
     def _attempt_timeout_s(self, left_s: float | None) -> float:
         timeout_s = self.config["request_timeout_ms"] / 1000
@@ -689,9 +806,7 @@ class Consumer:
                 self._positions[tp] = committed[tp]
                 return committed[tp]
         reset = -2 if self.config["auto_offset_reset"] == "earliest" else -1
-        leader = self.metadata.leader(*tp)
-        offset = ray.get(leader.handle.list_offsets.remote(reset, 1),
-                         timeout=self.config["request_timeout_ms"] / 1000)[0]
+        offset = self._list_offsets([tp], reset, retried=False)[tp][1]
         self._positions[tp] = offset
         return offset
 
@@ -902,21 +1017,25 @@ class Consumer:
         return out
 
     def _fetch_round(self, max_wait_ms: int, deadline_s: float) -> None:
-        """Send a fetch (waiting up to ``max_wait_ms`` at the leader) to every assigned
-        partition that has none in flight and is not in backoff; then take answers until
-        one brings records, none is left in flight, or ``deadline_s`` passed and every
-        fetch sent in this round has answered (older ones, sent with a longer wait by an
-        earlier poll, stay in flight)."""
+        """Send a Fetch (waiting up to ``max_wait_ms`` at the broker) to every leader
+        broker of an assigned partition that has none in flight and is not in backoff;
+        then take answers until one brings records, none is left in flight, or
+        ``deadline_s`` passed and every fetch sent in this round has answered (older ones,
+        sent with a longer wait by an earlier poll, stay in flight)."""
         sent = self._send_fetches(max_wait_ms)
         while self._inflight and not self._has_data():
             if self._group_waits():
                 return                       # poll joins first; the fetches stay in flight
             now = time.monotonic()
+            late = {}
             for tp, f in list(self._inflight.items()):
                 if now >= f.expires_s:
+                    late[f.broker_id] = f
                     del self._inflight[tp]
-                    self._failed(tp, ray.exceptions.GetTimeoutError(
+                    self._failed(tp, KafkaTimeoutError(
                         f"fetch of {tp[0]}-{tp[1]} did not answer in time"))
+            for broker_id in late:           # a broker that does not answer: reconnect
+                self._network.drop(broker_id, "fetch")
             owed = [f.expires_s for tp, f in self._inflight.items() if tp in sent]
             if not owed and now >= deadline_s:
                 return
@@ -924,27 +1043,22 @@ class Consumer:
                 return
             until = min(min(f.expires_s for f in self._inflight.values()),
                         max(deadline_s, min(owed, default=deadline_s)))
-            refs = {f.ref: tp for tp, f in self._inflight.items()}
             wait_s = max(until - now, 0)
-            waited = list(refs)
             if self._group is not None:
                 wait_s = min(wait_s, GROUP_CHECK_S)   # a rebalance is not waited out
-                if self._claim is not None:         # nor a claim's answer
-                    waited.append(self._claim.ref)
-            ready, _ = ray.wait(waited, num_returns=1, timeout=wait_s)
-            for ref in ready:
-                tp = refs.get(ref)
-                if tp is None:
-                    continue                 # the claim: poll applies it (_group_waits)
-                sent.discard(tp)
-                self._take(tp, self._inflight.pop(tp))
+            futures = {f.future for f in self._inflight.values()}
+            done, _ = concurrent.futures.wait(futures, timeout=wait_s,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                tps = [tp for tp, f in self._inflight.items() if f.future is future]
+                sent.difference_update(tps)
+                self._take_answer(future, tps)
 
     def _send_fetches(self, max_wait_ms: int) -> set:
-        """A fetch for each assigned partition without one in flight and not in backoff;
-        the partitions sent to."""
-        sent = set()
+        """One Fetch per leader broker, for the assigned partitions it leads without a
+        fetch in flight, not paused and not in backoff; the partitions sent to."""
         now = time.monotonic()
-        expires_s = now + (self.config["request_timeout_ms"] + max_wait_ms) / 1000
+        asked: dict[tuple, int] = {}
         for tp in self._assigned:
             if tp in self._inflight or tp in self._paused:
                 continue
@@ -958,67 +1072,122 @@ class Consumer:
                     # gone must not hold up poll (the group's rejoin, the other
                     # partitions) for default_api_timeout_ms; it is retried from backoff
                     offset = self._start_position(tp)
-                self._inflight[tp] = self._fetch_at(tp, offset, max_wait_ms, expires_s)
             except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
                 self._failed(tp, exc)
                 continue
-            sent.add(tp)
-        return sent
+            asked[tp] = offset
+        return set(self._fetch_at(asked, max_wait_ms, install=True))
 
-    def _fetch_at(self, tp, offset: int, max_wait_ms: int, expires_s: float) -> _InFlight:
-        leader = self.metadata.leader(*tp)
-        ref = fetch_remote(leader.handle, offset, self.config["fetch_max_bytes"],
-                           max_wait_ms, self.config["fetch_min_bytes"])
-        return _InFlight(offset, ref, expires_s)
+    def _fetch_at(self, asked: dict, max_wait_ms: int, *, install: bool) -> dict:
+        """Fetch ``asked`` (``{tp: offset}``): one request per leader broker, a long poll
+        of ``max_wait_ms``; ``{tp: _InFlight}`` of the partitions sent (installed as in
+        flight with ``install``). A partition that cannot be sent is put in backoff
+        (``install``) or left out."""
+        groups: dict[int, list] = {}
+        for tp, offset in asked.items():
+            try:
+                groups.setdefault(self.metadata.leader_broker(*tp)[0], []).append(tp)
+            except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
+                if install:
+                    self._failed(tp, exc)
+        out = {}
+        expires_s = time.monotonic() + (self.config["request_timeout_ms"] + max_wait_ms) / 1000
+        partition_max_bytes = self.config["fetch_max_bytes"]
+        for broker_id, tps in groups.items():
+            body = fetch_body([(t, p, asked[(t, p)], partition_max_bytes) for t, p in tps],
+                              max_wait_ms=max_wait_ms,
+                              min_bytes=self.config["fetch_min_bytes"],
+                              max_bytes=partition_max_bytes * len(tps))
+            try:
+                future = self._network.send(broker_id, wire.FETCH, body, purpose="fetch")
+            except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
+                if install:
+                    for tp in tps:
+                        self._failed(tp, exc)
+                continue
+            for tp in tps:
+                out[tp] = _InFlight(asked[tp], future, expires_s, broker_id)
+        if install:
+            self._inflight.update(out)
+        return out
 
-    def _prefetch(self, tp, offset: int) -> _InFlight | None:
-        """The next fetch of ``tp`` (at ``offset``, a long poll), sent while the answer in
-        hand is decoded and handed out, so the leader reads while this process works (the
-        Java consumer's pipelining); None where no fetch may go now. Never raises: a
-        failure is met again by the next round's own fetch."""
-        wait_ms = self.config["fetch_max_wait_ms"]
-        expires_s = time.monotonic() + (self.config["request_timeout_ms"] + wait_ms) / 1000
+    def _take_answer(self, future, tps) -> None:
+        """A broker's answer to the Fetch ``future`` for ``tps``: the next Fetch for the
+        partitions that brought data goes out first (the broker reads while this process
+        decodes: the Java consumer's pipelining), then each partition's part is taken."""
+        fetches = {tp: self._inflight.pop(tp) for tp in tps}
         try:
-            return self._fetch_at(tp, offset, wait_ms, expires_s)
-        except Exception:  # noqa: BLE001 - see above
-            return None
+            outcomes = parse_fetch(future.result())
+        except Exception as exc:  # noqa: BLE001 - every partition of it failed so
+            outcomes = {None: exc}
+        error = outcomes.pop(None, None)
+        ahead_at: dict = {}
+        parts: dict = {}
+        for tp, fetch in fetches.items():
+            outcome = outcomes.get(tp, error)
+            if outcome is None:
+                outcome = KafkaTimeoutError(f"the answer to a fetch of {tp[0]}-{tp[1]} "
+                                            f"left it out")
+            parts[tp] = outcome
+            if isinstance(outcome, BaseException) or self._positions.get(tp) != fetch.offset:
+                continue
+            try:
+                following = next_fetch_offset(outcome.data)
+            except CorruptRecordError:
+                following = None                   # the decode reports it
+            if following is not None and following > fetch.offset and tp not in self._paused:
+                ahead_at[tp] = following
+        ahead = self._prefetch(ahead_at)
+        for tp, fetch in fetches.items():
+            self._take(tp, fetch, parts[tp], ahead.get(tp))
 
-    def _take(self, tp, fetch: _InFlight) -> None:
-        """The answer to ``fetch`` (ready): its records into the buffer, or its error
-        handled (an out-of-range position reset, the rest per the retry policy)."""
+    def _prefetch(self, asked: dict) -> dict:
+        """The next fetches of ``asked`` (``{tp: offset}``, long polls), sent while the
+        answer in hand is decoded and handed out: ``{tp: _InFlight}``, installed only once
+        the decode put the partition at that offset (``_advance``). Never raises: a
+        failure is met again by the next round's own fetch."""
+        if not asked:
+            return {}
+        try:
+            return self._fetch_at(asked, self.config["fetch_max_wait_ms"], install=False)
+        except Exception:  # noqa: BLE001 - see above
+            return {}
+
+    def _take(self, tp, fetch: _InFlight, outcome, ahead: _InFlight | None) -> None:
+        """``outcome`` (a FetchOutcome, or the error) of ``fetch``: its records into the
+        buffer, or its error handled (an out-of-range position reset, the rest per the
+        retry policy)."""
         from storage.records import decode_records
 
         from ..types import Record
-        try:
-            result = ray.get(fetch.ref, timeout=self.config["request_timeout_ms"] / 1000)
-        except Exception as exc:  # noqa: BLE001 - retried or raised by _failed
-            if isinstance(unwrap(exc), OffsetOutOfRangeError):
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, OffsetOutOfRangeError):
                 self._positions.pop(tp, None)  # reset per auto_offset_reset next time
                 self._backoffs.pop(tp, None)
                 return
-            self._failed(tp, exc)
+            self._failed(tp, outcome)
             return
         self._backoffs.pop(tp, None)
         if self._positions.get(tp) != fetch.offset:
             return                             # sought elsewhere meanwhile
-        # the next fetch goes out before this answer is decoded; it stands only once the
+        data = outcome.data
+        # the next fetch went out before this answer was decoded; it stands only once the
         # decode succeeded (a corrupt batch must not be skipped by a position moved past it)
         try:
-            following = next_fetch_offset(result.data)
+            following = next_fetch_offset(data)
         except CorruptRecordError:
             following = None                   # the decode below reports it
-        ahead = None
-        if following is not None and following > fetch.offset:
-            ahead = self._prefetch(tp, following)
+        if ahead is not None and ahead.offset != following:
+            ahead = None
         if self._columnar:
-            table = _columns(tp, fetch.offset, result.data)
+            table = _columns(tp, fetch.offset, data)
             if table.num_rows:
                 self._chunks.append((tp, table))
                 self._advance(tp, table.column("offset")[-1].as_py() + 1, following, ahead)
             else:
                 self._advance(tp, fetch.offset, following, ahead)
             return
-        recs = decode_records(result.data)
+        recs = decode_records(data)
         # the first batch may start before the offset asked for (offsets increase)
         first = bisect.bisect_left(recs, fetch.offset, key=_OFFSET)
         if first:
@@ -1162,6 +1331,7 @@ class Consumer:
                 self._buffer = []
                 self._chunks = []
                 self._inflight = {}
+                self._network.close()
                 if self._zk is not None:
                     self._zk.close()
         # the heartbeat thread ends with its call in flight (a long poll, answered by

@@ -1,36 +1,45 @@
 """SimpleConsumer: the seed's low-level consumer. The caller names topic, partition and
-offset; no group, no committed offsets, no background threads.
+offset; no group, no committed offsets, no background threads. It speaks Kafka's protocol
+to the leader brokers (``network.BrokerConnections``: one connection per broker, found in
+the cached metadata; a steady fetch makes no Ray call).
 
 - ``fetch(topic, partition, offset, max_bytes=1048576, max_wait_ms=0, min_bytes=1)
-  -> list[Record]``: the records at or after ``offset`` from one fetch of the partition
-  leader (whole batches of at most about ``max_bytes``, a first batch larger than that still
-  whole; records before ``offset`` in the first batch are dropped). Up to the high
-  watermark; an empty list at the end. With ``max_wait_ms`` the leader holds the request
-  until ``min_bytes`` are readable or the wait is over (Kafka's long poll), so a record is
-  seen about one round trip after it is committed instead of on the next call.
+  -> list[Record]``: the records at or after ``offset`` from one Fetch to the partition's
+  leader broker (whole batches of at most about ``max_bytes``, a first batch larger than
+  that still whole; records before ``offset`` in the first batch are dropped). Up to the
+  high watermark; an empty list at the end. With ``max_wait_ms`` the broker holds the
+  request in its purgatory until ``min_bytes`` are readable or the wait is over (Kafka's
+  long poll), so a record is seen about one round trip after it is committed.
 - ``multifetch([(topic, partition, offset, max_bytes), ...], max_wait_ms=0, min_bytes=1)
-  -> {(topic, partition): [Record]}``: all requests issued at once (one actor call each),
-  then gathered; with ``max_wait_ms`` each leader waits on its own, so the call returns
-  when every one has answered (at most about ``max_wait_ms`` plus a round trip).
+  -> {(topic, partition): [Record]}``: ONE Fetch per leader broker carrying all of its
+  partitions, sent together, then gathered; with ``max_wait_ms`` each broker waits on its
+  own, so the call returns when every one has answered (at most about ``max_wait_ms`` plus
+  a round trip).
 - ``offsets_before(topic, partition, time_ms, max_offsets=1) -> [int]``: descending;
-  ``time_ms=-1`` latest (the high watermark), ``-2`` earliest (the log start offset).
-- ``fetch_columns`` / ``multifetch_columns``: the same reads decoded straight into a
-  pyarrow Table (offset, timestamp, timestamp_type, key, value, headers): the bulk path.
+  ``time_ms=-1`` latest (the high watermark), ``-2`` earliest (the log start offset): a
+  ListOffsets request. Other times, or more than one offset, are the seed's
+  getOffsetsBefore (segment boundaries, which ListOffsets v1+ cannot express): one Ray call
+  to the leader replica, as before.
+- ``fetch_columns`` / ``multifetch_columns`` / ``iter_columns``: the same reads decoded
+  straight into a pyarrow Table (offset, timestamp, timestamp_type, key, value, headers):
+  the bulk path.
 
 Errors are typed: OffsetOutOfRangeError (below the log start or past the high watermark),
 UnknownTopicOrPartitionError (when the metadata, after re-reading a broker, does not know
-the topic or partition: not retried). Retriable errors (a stale leader: NotLeaderForPartition,
-LeaderNotAvailable, KafkaStorageError, the leader actor dead or unreachable, or not
-answering within ``request_timeout_ms``) make it invalidate the metadata and retry per
-``retry.RetryPolicy``: at most ``retries`` times, with backoff, and never past
-``default_api_timeout_ms`` from the call; then the last error is raised (KafkaTimeoutError
-for a request that did not answer). Each request waits at most ``request_timeout_ms`` plus
-its ``max_wait_ms`` (the leader may hold a long poll that long before answering).
-Thread-safe (no mutable state beyond the metadata object, which is thread-safe).
+the topic or partition: not retried). Retriable errors (a stale leader:
+NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION
+answered by a broker, a broken connection: NetworkError, or no answer within
+``request_timeout_ms``: KafkaTimeoutError, the connection then closed) make it invalidate the
+metadata and retry per ``retry.RetryPolicy``: at most ``retries`` times, with backoff, and
+never past ``default_api_timeout_ms`` from the call; then the last error is raised. Each
+request waits at most ``request_timeout_ms`` plus its ``max_wait_ms`` (the broker may hold a
+long poll that long before answering).
+Thread-safe (the connections and the metadata object are).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import numpy as np
@@ -38,9 +47,12 @@ import ray
 
 from storage.records import decode_columns, decode_records, iter_headers, numbers_view
 
+from .. import wire
 from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
 from ..types import Record
 from .config import validate_config
+from .network import (BrokerConnections, fetch_body, list_offsets_body, parse_fetch,
+                      parse_list_offsets)
 from .retry import RetryPolicy, final_error
 
 DEFAULT_CONFIG = {
@@ -67,23 +79,24 @@ def next_fetch_offset(data) -> int | None:
     return None if last is None else last.next_offset
 
 
-def fetch_remote(handle, offset: int, max_bytes: int, max_wait_ms: int = 0,
-                 min_bytes: int = 1):
-    """``handle.fetch.remote(...)`` on a leader replica: the long-poll arguments travel
-    only when they ask for more than an immediate answer, and a leader whose ``fetch``
-    does not take them (Ray checks the signature at ``.remote``) is asked without them:
-    it answers at once, as a zero wait would."""
-    if max_wait_ms <= 0 and min_bytes == 1:
-        return handle.fetch.remote(offset, max_bytes)
+def wait_answer(network: BrokerConnections, broker_id: int, future, timeout_s: float,
+                what: str, purpose: str = "data") -> dict:
+    """The response body of ``future`` (a request to ``broker_id``) within ``timeout_s``;
+    else the connection is closed (what else waits on it fails with NetworkError, and the
+    next request reconnects: a paused broker is not waited on twice) and KafkaTimeoutError
+    (retriable) raised."""
     try:
-        return handle.fetch.remote(offset, max_bytes, max_wait_ms=max_wait_ms,
-                                   min_bytes=min_bytes)
-    except TypeError:
-        return handle.fetch.remote(offset, max_bytes)
+        return future.result(timeout=max(timeout_s, 0.001))
+    except concurrent.futures.TimeoutError:
+        network.drop(broker_id, purpose)
+        raise KafkaTimeoutError(f"{what}: broker {broker_id} did not answer within "
+                                f"{timeout_s:.3f}s") from None
 
 
 class SimpleConsumer:
-    """``SimpleConsumer(metadata, **config)``; see the module docstring."""
+    """``SimpleConsumer(metadata, **config)``; see the module docstring. ``metadata``
+    provides ``leader_broker``, ``broker_address``, ``partitions_for``, ``invalidate`` (and
+    ``leader``, a replica's actor handle, for ``offsets_before``'s seed form)."""
 
     def __init__(self, metadata, **config):
         self.metadata = metadata
@@ -91,10 +104,12 @@ class SimpleConsumer:
         self._retry = RetryPolicy.from_config(self.config,
                                               deadline_key="default_api_timeout_ms")
         self._timeout_s = self.config["request_timeout_ms"] / 1000.0
+        self._network = BrokerConnections(metadata, client_id=self.config["client_id"])
         self._closed = False
 
     def close(self) -> None:
         self._closed = True
+        self._network.close()
 
     def __enter__(self) -> "SimpleConsumer":
         return self
@@ -135,10 +150,13 @@ class SimpleConsumer:
 
         ``partitions``: None for all; ``start_offsets``/``end_offsets``: None for the log
         start / the high watermark at the call, or ``{partition: offset}`` (end exclusive).
-        One fetch per partition stays in flight: the next one is issued (its offset read
-        from the batch headers) before the current answer is decoded, so fetching and
-        decoding overlap. Stale leaders are retried as in ``fetch``.
+        One Fetch per leader broker stays in flight, carrying every partition of the
+        topic it leads that is not finished (``max_bytes`` each): when a broker answers,
+        its next Fetch (offsets read from the batch headers) goes out before the answer is
+        decoded, so fetching and decoding overlap. A partition whose fetch fails
+        retriably is fetched alone with ``fetch``'s retries, then rejoins its broker's.
         """
+        self._check_open()
         parts = list(self.metadata.partitions_for(topic) if partitions is None else partitions)
         start = {p: (start_offsets or {}).get(p) for p in parts}
         end = {p: (end_offsets or {}).get(p) for p in parts}
@@ -148,39 +166,82 @@ class SimpleConsumer:
             if end[p] is None:
                 end[p] = self.offsets_before(topic, p, -1)[0]
         pos = dict(start)
-        inflight = {}   # ObjectRef -> partition
+        waiting = {p for p in parts if pos[p] < end[p]}     # to send, not in flight
+        alone: set = set()       # to fetch alone, with retries (a broker's fetch failed)
+        inflight: dict = {}      # future -> (broker id, {partition: offset asked})
 
-        def issue(p):
-            if pos[p] < end[p]:
-                ref = self.metadata.leader(topic, p).handle.fetch.remote(pos[p], max_bytes)
-                inflight[ref] = p
+        def issue():
+            groups: dict[int, list] = {}
+            for p in sorted(waiting):
+                try:
+                    broker_id, _ = self.metadata.leader_broker(topic, p)
+                except Exception:  # noqa: BLE001 - fetched alone, with retries, below
+                    alone.add(p)
+                    continue
+                groups.setdefault(broker_id, []).append(p)
+            for broker_id, ps in groups.items():
+                body = fetch_body([(topic, p, pos[p], max_bytes) for p in ps], max_wait_ms=0,
+                                  min_bytes=1, max_bytes=max_bytes * len(ps))
+                try:
+                    future = self._network.send(broker_id, wire.FETCH, body)
+                except Exception:  # noqa: BLE001 - fetched alone, with retries, below
+                    alone.update(ps)
+                    continue
+                inflight[future] = (broker_id, {p: pos[p] for p in ps})
+            waiting.clear()
 
-        for p in parts:
-            issue(p)
-        while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=self._timeout_s)
-            if not ready:
-                raise KafkaTimeoutError(f"fetch of {topic} did not answer within "
-                                        f"{self._timeout_s}s")
-            p = inflight.pop(ready[0])
-            offset = pos[p]
-            try:
-                data = ray.get(ready[0], timeout=self._timeout_s).data
-            except Exception as exc:  # noqa: BLE001 - typed below
-                if not self._retry.retriable(exc):
-                    raise final_error(exc) from None
-                self.metadata.invalidate(topic)
-                data = self._fetch(topic, p, offset, max_bytes).data
+        def advance(p, offset, data):
             following = next_fetch_offset(data)
             if following is None:
                 raise KafkaTimeoutError(f"{topic}-{p}: empty fetch at offset {offset} before "
                                         f"the end offset {end[p]} (records deleted?)")
             pos[p] = following
-            issue(p)
+            if following < end[p]:
+                waiting.add(p)
+
+        def table_of(p, offset, data):
             table = _table(offset, data)
-            if pos[p] > end[p]:
-                table = table.filter(_lt(table, end[p]))
-            yield p, table
+            return table.filter(_lt(table, end[p])) if pos[p] > end[p] else table
+
+        issue()
+        while inflight or alone:
+            answered = []          # (partition, offset, data)
+            for p in sorted(alone):          # a broker's fetch failed: alone, retried
+                offset = pos[p]
+                alone.discard(p)
+                data = self._fetch(topic, p, offset, max_bytes).data
+                advance(p, offset, data)
+                answered.append((p, offset, data))
+            if not answered:
+                done, _ = concurrent.futures.wait(
+                    list(inflight), timeout=self._timeout_s,
+                    return_when=concurrent.futures.FIRST_COMPLETED)
+                if not done:
+                    raise KafkaTimeoutError(f"fetch of {topic} did not answer within "
+                                            f"{self._timeout_s}s")
+                future = done.pop()
+                broker_id, asked = inflight.pop(future)
+                try:
+                    outcomes = parse_fetch(future.result())
+                except Exception as exc:  # noqa: BLE001 - each partition alone, below
+                    if not self._retry.retriable(exc):
+                        raise final_error(exc) from None
+                    outcomes = {}
+                error = outcomes.get(None)
+                for p, offset in asked.items():
+                    outcome = outcomes.get((topic, p), error)
+                    if isinstance(outcome, BaseException):
+                        if not self._retry.retriable(outcome):
+                            raise final_error(outcome) from None
+                    if outcome is None or isinstance(outcome, BaseException):
+                        self.metadata.invalidate(topic)
+                        alone.add(p)         # fetched alone next round, with retries
+                        continue
+                    advance(p, offset, outcome.data)
+                    answered.append((p, offset, outcome.data))
+            issue()                          # the next fetches go before the decode
+            for p, offset, data in answered:
+                yield p, table_of(p, offset, data)
 
     def offsets_before(self, topic: str, partition: int, time_ms: int,
                        max_offsets: int = 1) -> list[int]:
@@ -189,9 +250,16 @@ class SimpleConsumer:
         if isinstance(max_offsets, bool) or not isinstance(max_offsets, int) or max_offsets < 1:
             raise IllegalArgumentError(f"max_offsets must be an int >= 1, got {max_offsets!r}")
         _check_tp(topic, partition)
-        return list(self._call(topic, partition, "list_offsets", time_ms, max_offsets))
+        if time_ms in (-1, -2) and max_offsets == 1:
+            return [self._list_offset(topic, partition, time_ms)]
+        return list(self._call_replica(topic, partition, "list_offsets", time_ms,
+                                       max_offsets))
 
     # -- plumbing --------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError("the simple consumer is closed")
+
     def _records(self, topic: str, partition: int, offset: int, data) -> list[Record]:
         kd = self.config["key_deserializer"]
         vd = self.config["value_deserializer"]
@@ -209,34 +277,67 @@ class SimpleConsumer:
                           value, r.headers))
         return out
 
-    def _call(self, topic: str, partition: int, method: str, *args, wait_ms: int = 0,
-              send=None):
-        """One request to the leader of (topic, partition), retried per the policy;
-        ``send(handle)`` issues it (default: ``handle.<method>.remote(*args)``), and
-        ``wait_ms`` is how long the leader may hold it before answering."""
-        if self._closed:
-            raise IllegalStateError("the simple consumer is closed")
-        if send is None:
-            def send(handle):
-                return getattr(handle, method).remote(*args)
-
-        def attempt(left_s):
-            leader = self.metadata.leader(topic, partition)
-            return ray.get(send(leader.handle),
-                           timeout=self._attempt_timeout_s(left_s, wait_ms))
-
+    def _call(self, topic: str, partition: int, what: str, attempt):
+        """``attempt(left_s)`` (one request about (topic, partition)) retried per the
+        policy, the topic's metadata invalidated before each retry."""
+        self._check_open()
         return self._retry.call(attempt, on_retry=lambda _exc: self.metadata.invalidate(topic),
-                                what=f"{method} of {topic}-{partition}")
+                                what=f"{what} of {topic}-{partition}")
 
     def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int,
                max_wait_ms: int = 0, min_bytes: int = 1):
-        """One fetch (a long poll with ``max_wait_ms``), retried per the policy."""
-        return self._call(topic, partition, "fetch", wait_ms=max_wait_ms,
-                          send=lambda h: fetch_remote(h, offset, max_bytes, max_wait_ms,
-                                                      min_bytes))
+        """One Fetch of one partition (a long poll with ``max_wait_ms``), retried per the
+        policy: its FetchOutcome."""
+        def attempt(left_s):
+            broker_id, _ = self.metadata.leader_broker(topic, partition)
+            body = fetch_body([(topic, partition, offset, max_bytes)],
+                              max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                              max_bytes=max_bytes)
+            future = self._network.send(broker_id, wire.FETCH, body)
+            answer = parse_fetch(wait_answer(
+                self._network, broker_id, future, self._attempt_timeout_s(left_s, max_wait_ms),
+                f"fetch of {topic}-{partition}"))
+            outcome = answer.get((topic, partition), answer.get(None))
+            if outcome is None:
+                raise KafkaTimeoutError(f"broker {broker_id} answered a fetch without "
+                                        f"{topic}-{partition}")
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        return self._call(topic, partition, "fetch", attempt)
+
+    def _list_offset(self, topic: str, partition: int, timestamp: int) -> int:
+        """ListOffsets of one partition (-1 latest, -2 earliest), retried per the policy."""
+        def attempt(left_s):
+            broker_id, _ = self.metadata.leader_broker(topic, partition)
+            future = self._network.send(broker_id, wire.LIST_OFFSETS,
+                                        list_offsets_body([(topic, partition, timestamp)]))
+            answer = parse_list_offsets(wait_answer(
+                self._network, broker_id, future, self._attempt_timeout_s(left_s),
+                f"list_offsets of {topic}-{partition}"))
+            outcome = answer.get((topic, partition))
+            if outcome is None:
+                raise KafkaTimeoutError(f"broker {broker_id} answered list_offsets without "
+                                        f"{topic}-{partition}")
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome[1]
+
+        return self._call(topic, partition, "list_offsets", attempt)
+
+    def _call_replica(self, topic: str, partition: int, method: str, *args):
+        """``method(*args)`` on the leader replica actor (a Ray call: the seed's forms the
+        wire cannot carry), retried per the policy."""
+        def attempt(left_s):
+            leader = self.metadata.leader(topic, partition)
+            return ray.get(getattr(leader.handle, method).remote(*args),
+                           timeout=self._attempt_timeout_s(left_s))
+
+        return self._call(topic, partition, method, attempt)
 
     def _attempt_timeout_s(self, left_s: float | None, wait_ms: int = 0) -> float:
-        """``request_timeout_ms`` past the leader's ``wait_ms``, or less when the call's
+        """``request_timeout_ms`` past the broker's ``wait_ms``, or less when the call's
         deadline is nearer."""
         timeout_s = self._timeout_s + wait_ms / 1000.0
         if left_s is None:
@@ -244,38 +345,59 @@ class SimpleConsumer:
         return max(min(timeout_s, left_s), 0.001)
 
     def _multicall(self, requests, max_wait_ms: int = 0, min_bytes: int = 1) -> list:
-        """[((topic, partition, offset, max_bytes), fetched bytes)], the fetches issued
-        together; the ones that fail retriably (a timeout included) are redone one by one
-        through ``_fetch`` (with its retries)."""
+        """[((topic, partition, offset, max_bytes), fetched bytes)]: one Fetch per leader
+        broker, sent together; the partitions that fail retriably (a timeout included) are
+        redone one by one through ``_fetch`` (with its retries)."""
+        self._check_open()
         requests = [tuple(r) for r in requests]
         for r in requests:
             if len(r) != 4:
                 raise IllegalArgumentError(
                     f"multifetch takes (topic, partition, offset, max_bytes) tuples, got {r!r}")
             _check_request(*r)
-        refs = []
-        for t, p, o, m in requests:
+        groups: dict[int, list] = {}
+        for r in requests:
             try:
-                refs.append(fetch_remote(self.metadata.leader(t, p).handle, o, m,
-                                         max_wait_ms, min_bytes))
-            except Exception as exc:  # noqa: BLE001 - redone (or raised) by _call below
+                broker_id, _ = self.metadata.leader_broker(r[0], r[1])
+            except Exception as exc:  # noqa: BLE001 - redone (or raised) by _fetch below
                 if not self._retry.retriable(exc):
                     raise final_error(exc) from None
-                refs.append(None)
-        out = []
+                continue
+            groups.setdefault(broker_id, []).append(r)
+        futures = {}
+        for broker_id, rs in groups.items():
+            body = fetch_body(rs, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                              max_bytes=sum(r[3] for r in rs))
+            try:
+                futures[broker_id] = self._network.send(broker_id, wire.FETCH, body)
+            except Exception as exc:  # noqa: BLE001 - redone by _fetch below
+                if not self._retry.retriable(exc):
+                    raise final_error(exc) from None
+        answers: dict = {}
         deadline = time.monotonic() + self._timeout_s + max_wait_ms / 1000.0
-        for (t, p, o, m), ref in zip(requests, refs):
-            data = None
-            if ref is not None:
-                try:
-                    data = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.001)).data
-                except Exception as exc:  # noqa: BLE001 - typed below
-                    if not self._retry.retriable(exc):
-                        raise final_error(exc) from None
-                    self.metadata.invalidate(t)
-            if data is None:
-                data = self._fetch(t, p, o, m, max_wait_ms, min_bytes).data
-            out.append(((t, p, o, m), data))
+        for broker_id, future in futures.items():
+            try:
+                body = wait_answer(self._network, broker_id, future,
+                                   deadline - time.monotonic(), "multifetch")
+                outcomes = parse_fetch(body)
+            except Exception as exc:  # noqa: BLE001 - redone (or raised) below
+                if not self._retry.retriable(exc):
+                    raise final_error(exc) from None
+                continue
+            error = outcomes.pop(None, None)
+            for r in groups[broker_id]:
+                answers[r] = outcomes.get((r[0], r[1]), error)
+        out = []
+        for t, p, o, m in requests:
+            outcome = answers.get((t, p, o, m))
+            if isinstance(outcome, BaseException):
+                if not self._retry.retriable(outcome):
+                    raise final_error(outcome) from None
+                self.metadata.invalidate(t)
+                outcome = None
+            if outcome is None:
+                outcome = self._fetch(t, p, o, m, max_wait_ms, min_bytes)
+            out.append(((t, p, o, m), outcome.data))
         return out
 
 
