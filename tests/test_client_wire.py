@@ -1,0 +1,122 @@
+"""raykafka's own Producer, Consumer and SimpleConsumer on a real 3-broker cluster speak
+Kafka's protocol to the brokers' listeners: a steady produce and consume makes no Ray call,
+one request goes to each leader broker, and a dead leader broker is met with retriable
+errors and a metadata refresh, not a hang."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import pytest
+
+from actors import Cluster
+from cluster_helpers import FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace, wait_until
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    start_ray()
+    c = Cluster.start(num_brokers=3, namespace=unique_namespace("cw"), config=FAST_CONFIG)
+    yield c
+    c.shutdown()
+    stop_ray()
+
+
+class RayCalls:
+    """Counts, in this process, the Ray calls a client could make: actor method calls
+    (``ActorMethod._remote``, what ``.remote()`` runs), ``ray.get``, ``ray.wait``,
+    ``ray.put`` and ``ray.get_actor``."""
+
+    def __init__(self, monkeypatch):
+        import ray.actor
+        self.counts: collections.Counter = collections.Counter()
+        self.counting = False
+        self._wrap(monkeypatch, ray.actor.ActorMethod, "_remote", "actor call")
+        for name in ("get", "wait", "put", "get_actor"):
+            self._wrap(monkeypatch, ray, name, f"ray.{name}")
+
+    def _wrap(self, monkeypatch, owner, name, label):
+        original = getattr(owner, name)
+        counter = self
+
+        def counted(*args, **kwargs):
+            if counter.counting:
+                counter.counts[label] += 1
+            return original(*args, **kwargs)
+        monkeypatch.setattr(owner, name, counted)
+
+
+def test_a_steady_produce_and_consume_makes_no_ray_call(cluster, monkeypatch):
+    """After a warm-up (metadata read, connections opened, positions known), 20 rounds of
+    producing 100 records (acks=all, flushed) and polling them back with a Consumer and a
+    SimpleConsumer make no Ray call at all in the client process; every record arrives."""
+    topic = "steady"
+    cluster.admin().create_topic(topic, partitions=6, replication_factor=3)
+    calls = RayCalls(monkeypatch)
+    producer = cluster.producer(linger_ms=1)
+    consumer = cluster.consumer(auto_offset_reset="earliest", fetch_max_wait_ms=200)
+    consumer.assign([(topic, p) for p in range(6)])
+    simple = cluster.simple_consumer()
+    try:
+        def round_trip(n_round: int) -> int:
+            futures = [producer.send(topic, b"r%d-%d" % (n_round, i)) for i in range(100)]
+            producer.flush(timeout=60)
+            for f in futures:
+                f.get(timeout=0)
+            got = 0
+            deadline = time.monotonic() + 30
+            while got < 100 and time.monotonic() < deadline:
+                got += sum(len(rs) for rs in consumer.poll(timeout_ms=1000).values())
+            simple.multifetch([(topic, p, 0, 1 << 20) for p in range(6)])
+            return got
+
+        assert round_trip(0) == 100          # warm-up: metadata, connections, positions
+        calls.counting = True
+        received = sum(round_trip(n) for n in range(1, 21))
+        calls.counting = False
+        assert received == 2000
+        assert dict(calls.counts) == {}, f"Ray calls in a steady produce/consume: {calls.counts}"
+    finally:
+        calls.counting = False
+        producer.close()
+        consumer.close()
+        simple.close()
+
+
+def test_a_killed_leader_broker_is_retried_onto_the_new_leader(cluster):
+    """Producing to a partition (RF=3, acks=all) whose leader broker is killed: the
+    in-flight sends fail over to the new leader (NetworkError / NOT_LEADER_OR_FOLLOWER,
+    a metadata refresh, a retry) within seconds, and a consumer reads every acknowledged
+    record."""
+    topic = "failover"
+    cluster.admin().create_topic(topic, partitions=1, replication_factor=3)
+    producer = cluster.producer(linger_ms=0, request_timeout_ms=5000)
+    try:
+        acked = [producer.send(topic, b"before-%d" % i).get(timeout=30).offset
+                 for i in range(20)]
+        leader = cluster.admin().describe_topic(topic)[0]["leader"]
+        cluster.kill_broker(leader)
+        started = time.monotonic()
+        futures = [producer.send(topic, b"after-%d" % i) for i in range(20)]
+        acked += [f.get(timeout=60).offset for f in futures]
+        assert time.monotonic() - started < 45
+    finally:
+        producer.close()
+    new_leader = cluster.admin().describe_topic(topic)[0]["leader"]
+    assert new_leader not in (leader, -1)
+    simple = cluster.simple_consumer()
+    try:
+        end = simple.offsets_before(topic, 0, -1)[0]
+        values = []
+        offset = 0
+        while offset < end:
+            got = simple.fetch(topic, 0, offset)
+            values += [r.value for r in got]
+            offset = got[-1].offset + 1
+    finally:
+        simple.close()
+    expected = [b"before-%d" % i for i in range(20)] + [b"after-%d" % i for i in range(20)]
+    assert all(v in values for v in expected), "an acknowledged record is missing"
+    cluster.start_broker(leader)
+    wait_until(lambda: leader in cluster.broker_ids(), timeout_s=60, what="broker back")
