@@ -85,9 +85,9 @@ from ..protocol import unwrap
 from .config import positive_int, validate_config
 from .group import GroupMember
 from .retry import RetryPolicy, final_error
-from .network import (BrokerConnections, fetch_body, list_offsets_body,
-                      parse_fetch, parse_list_offsets)
-from .simple_consumer import next_fetch_offset, wait_answer
+from .network import (BrokerConnections, fetch_body, list_offsets_body, parse_fetch,
+                      parse_list_offsets, wait_answer)
+from .simple_consumer import next_fetch_offset
 
 ray = raycompat.ray
 log = logging.getLogger(__name__)
@@ -707,12 +707,16 @@ class Consumer:
         per the policy."""
         return self._list_offsets([tp], time_ms)[tp][1]
 
-    def _list_offsets(self, tps, timestamp, *, retried: bool = True) -> dict:
+    def _list_offsets(self, tps, timestamp, *, retried: bool = True,
+                      left_s: float | None = None) -> dict:
         """ListOffsets for ``tps`` at ``timestamp`` (an int, or ``{tp: int}``): one request
-        per leader broker, a partition that fails retriably asked again alone per the
-        policy (``retried``; else its error raised): ``{tp: (timestamp, offset)}``."""
+        per leader broker, each waited on for ``request_timeout_ms`` at most (``left_s``,
+        when less); a partition that fails retriably asked again alone per the policy
+        (``retried``; else its error raised): ``{tp: (timestamp, offset)}``."""
         stamp = timestamp if isinstance(timestamp, dict) else dict.fromkeys(tps, timestamp)
         timeout_s = self.config["request_timeout_ms"] / 1000
+        if left_s is not None:
+            timeout_s = max(min(timeout_s, left_s), 0.001)
         groups: dict[int, list] = {}
         out, again = {}, []
         for tp in tps:
@@ -752,7 +756,7 @@ class Consumer:
             self.metadata.invalidate()
         for tp in again:
             def attempt(left_s, tp=tp):
-                return self._list_offsets([tp], stamp[tp], retried=False)[tp]
+                return self._list_offsets([tp], stamp[tp], retried=False, left_s=left_s)[tp]
 
             out[tp] = self._retry.call(
                 attempt, on_retry=lambda _exc, t=tp[0]: self.metadata.invalidate(t),
@@ -780,10 +784,6 @@ class Consumer:
         answers = self._list_offsets(list(stamps), stamps)
         return {tp: None if offset < 0 else OffsetAndTimestamp(offset, ts)
                 for tp, (ts, offset) in answers.items()}
-
-    def _attempt_timeout_s(self, left_s: float | None) -> float:
-        timeout_s = self.config["request_timeout_ms"] / 1000
-        return timeout_s if left_s is None else max(min(timeout_s, left_s), 0.001)
 
     def position(self, tp) -> int:
         tp = tuple(tp)

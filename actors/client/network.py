@@ -9,8 +9,8 @@ requests on a connection of their own (purpose ``"fetch"``): a broker answers a
 connection's requests in order, so a ListOffsets sent behind a parked Fetch would wait out
 the long poll.
 
-A connection that broke, or that a caller gave up on (``drop``: a request that outlived its
-timeout, as Kafka's NetworkClient disconnects), is closed; every request in flight on it
+A connection that broke, or that a caller gave up on (``drop``, or ``wait_answer`` when a
+request outlived its timeout, as Kafka's NetworkClient disconnects), is closed; every request in flight on it
 fails with NetworkError (retriable) and the next ``send`` opens a new one. Nothing here
 retries or makes a Ray call: the clients' retry policy and metadata refresh do.
 
@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from .. import wire
 from ..connection import KafkaConnection
-from ..errors import KafkaError, NetworkError
+from ..errors import KafkaError, KafkaTimeoutError, NetworkError
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,20 @@ def list_offsets_body(partitions) -> dict:
             "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
 
 
+def wait_answer(network: "BrokerConnections", broker_id: int, future, timeout_s: float,
+                what: str, purpose: str = "data") -> dict:
+    """The response body of ``future`` (a request to ``broker_id``) within ``timeout_s``;
+    else the connection is closed (what else waits on it fails with NetworkError, and the
+    next request reconnects: a paused broker is not waited on twice) and KafkaTimeoutError
+    (retriable) raised."""
+    try:
+        return future.result(timeout=max(timeout_s, 0.001))
+    except concurrent.futures.TimeoutError:
+        network.drop(broker_id, purpose)
+        raise KafkaTimeoutError(f"{what}: broker {broker_id} did not answer within "
+                                f"{timeout_s:.3f}s") from None
+
+
 class BrokerConnections:
     """``BrokerConnections(metadata, client_id=)``: see the module docstring.
 
@@ -201,4 +215,4 @@ class BrokerConnections:
 
 __all__ = ["BrokerConnections", "ProduceOutcome", "FetchOutcome", "broker_error",
            "parse_produce", "parse_fetch", "parse_list_offsets", "fetch_body",
-           "list_offsets_body"]
+           "list_offsets_body", "wait_answer"]

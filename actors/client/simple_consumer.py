@@ -52,7 +52,7 @@ from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
 from ..types import Record
 from .config import validate_config
 from .network import (BrokerConnections, fetch_body, list_offsets_body, parse_fetch,
-                      parse_list_offsets)
+                      parse_list_offsets, wait_answer)
 from .retry import RetryPolicy, final_error
 
 DEFAULT_CONFIG = {
@@ -77,20 +77,6 @@ def next_fetch_offset(data) -> int | None:
     for last in iter_headers(data, check_crc=False):
         pass
     return None if last is None else last.next_offset
-
-
-def wait_answer(network: BrokerConnections, broker_id: int, future, timeout_s: float,
-                what: str, purpose: str = "data") -> dict:
-    """The response body of ``future`` (a request to ``broker_id``) within ``timeout_s``;
-    else the connection is closed (what else waits on it fails with NetworkError, and the
-    next request reconnects: a paused broker is not waited on twice) and KafkaTimeoutError
-    (retriable) raised."""
-    try:
-        return future.result(timeout=max(timeout_s, 0.001))
-    except concurrent.futures.TimeoutError:
-        network.drop(broker_id, purpose)
-        raise KafkaTimeoutError(f"{what}: broker {broker_id} did not answer within "
-                                f"{timeout_s:.3f}s") from None
 
 
 class SimpleConsumer:
