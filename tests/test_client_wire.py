@@ -84,6 +84,30 @@ def test_a_steady_produce_and_consume_makes_no_ray_call(cluster, monkeypatch):
         simple.close()
 
 
+def test_consumer_offsets_come_from_list_offsets_requests(cluster):
+    """beginning_offsets, end_offsets and offsets_for_times (ListOffsets -2, -1 and times)
+    answer the log start, the high watermark and the first record at or after each time
+    (None past the last one), for partitions led by different brokers."""
+    topic = "times"
+    cluster.admin().create_topic(topic, partitions=3, replication_factor=1)
+    with cluster.producer(linger_ms=0) as producer:
+        for p in range(3):
+            for i, ts in enumerate((1000, 2000, 3000)):
+                producer.send(topic, b"v%d" % i, partition=p, timestamp_ms=ts + p)
+        producer.flush(timeout=60)
+    consumer = cluster.consumer()
+    try:
+        tps = [(topic, p) for p in range(3)]
+        assert consumer.beginning_offsets(tps) == dict.fromkeys(tps, 0)
+        assert consumer.end_offsets(tps) == dict.fromkeys(tps, 3)
+        found = consumer.offsets_for_times({tp: 1500 for tp in tps})
+        assert {tp: (o.offset, o.timestamp) for tp, o in found.items()} == \
+            {(topic, p): (1, 2000 + p) for p in range(3)}
+        assert consumer.offsets_for_times({(topic, 0): 9999}) == {(topic, 0): None}
+    finally:
+        consumer.close()
+
+
 def test_a_killed_leader_broker_is_retried_onto_the_new_leader(cluster):
     """Producing to a partition (RF=3, acks=all) whose leader broker is killed: the
     in-flight sends fail over to the new leader (NetworkError / NOT_LEADER_OR_FOLLOWER,
