@@ -336,8 +336,15 @@ class ScriptedBackend:
     def append(self, topic, partition, records, *, acks, timeout_ms):
         return self.produce(bytes(records), acks, timeout_ms)
 
-    def read(self, topic, partition, offset, max_bytes, *, replica_id, isolation_level):
+    def read(self, topic, partition, offset, max_bytes, *, replica_id, isolation_level,
+             cached_only=False):
+        if cached_only:          # a script may block: never on the network thread
+            from actors.server.handlers import NeedsReplica
+            raise NeedsReplica()
         return self.fetch(partition, offset, max_bytes)
+
+    def linked(self, topic, partition) -> bool:
+        return False             # produces go to the io threads (a script may block)
 
     def list_offset(self, topic, partition, timestamp, *, isolation_level):
         return -1, self.list_offsets(partition, timestamp)
@@ -359,9 +366,11 @@ class RecordingApis(KafkaApis):
         self.long_poll = long_poll
         self._record_lock = threading.Lock()
 
-    def fetch(self, request):
+    def fetch(self, request, inline: bool = False):
         from actors import wire
-        from actors.server.handlers import _FetchRead
+        from actors.server.handlers import NeedsReplica, _FetchRead
+        if inline:                # recorded once, on the io thread
+            raise NeedsReplica()
         body = self._body(request)
         with self._record_lock:
             self.fetches.append((body["max_wait_ms"], body["min_bytes"],
@@ -372,7 +381,10 @@ class RecordingApis(KafkaApis):
                                               _FetchRead(self.backend, body)()[0])
         return super().fetch(request)
 
-    def produce(self, request):
+    def produce(self, request, inline: bool = False):
+        from actors.server.handlers import NOT_INLINE
+        if inline:                # recorded once, on the io thread
+            return NOT_INLINE
         body = self._body(request)
         with self._record_lock:
             self.produces.append([(t["name"], p["index"], bytes(p["records"]))

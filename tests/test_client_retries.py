@@ -180,7 +180,11 @@ def test_consumer_retries_list_offsets_and_fetch(brokers):
     consumer.assign([("t", 0)])
     got = consumer.poll(timeout_ms=10_000)
     assert [r.value for r in got[("t", 0)]] == [b"a", b"b"]
-    # the failed fetch and its retry at 0; then (pipelining) the next fetch, at 2
+    # the failed fetch and its retry at 0; then (pipelining) the next fetch, at 2, sent
+    # before poll returned (the broker reads it a moment later)
+    deadline = time.monotonic() + 10
+    while len(fetch.calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert [c[1] for c in fetch.calls[:3]] == [0, 0, 2] and md.invalidations == 2
 
 
