@@ -28,6 +28,7 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 
@@ -345,6 +346,7 @@ class Cluster:
         ZooKeeper session is not closed (it expires after the session timeout). A paused
         broker's processes are SIGKILLed as they are (never continued first)."""
         handle = self.broker(broker_id)
+        listener = self._listener_of(broker_id)
         paused = self._paused()
         procs = paused.pop(str(broker_id), None)
         if procs is not None:
@@ -377,6 +379,22 @@ class Cluster:
                     names.remove(name)
             if names:
                 time.sleep(0.05)
+        # a released name is not an ended process: until its Kafka listener refuses
+        # connections the dead broker could still answer a fetch from what it holds
+        while listener is not None and time.monotonic() < deadline:
+            try:
+                socket.create_connection(listener, timeout=0.5).close()
+            except OSError:
+                break
+            time.sleep(0.05)
+
+    def _listener_of(self, broker_id: int) -> tuple[str, int] | None:
+        """The broker's Kafka listener as the cached metadata lists it (no call)."""
+        brokers = self.metadata.snapshot().get("brokers") or {}
+        info = brokers.get(broker_id) or brokers.get(str(broker_id))
+        if not info or not info.get("port"):
+            return None
+        return info["host"], int(info["port"])
 
     def _replica_names_of(self, broker_id: int) -> list[str]:
         """The replica actor names broker ``broker_id`` hosts, by the metadata's assignment."""

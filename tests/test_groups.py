@@ -654,15 +654,16 @@ def test_a_moved_partition_is_not_fetched_by_its_new_owner_before_its_old_owner_
 
 
 class LeaderLookups:
-    """A consumer's metadata, recording the partitions whose leader it looked up."""
+    """A consumer's metadata, recording the partitions whose leader broker it looked up
+    (to open the connection its fetches will use)."""
 
     def __init__(self, inner):
         self.inner = inner
         self.asked: list = []
 
-    def leader(self, topic, partition):
+    def leader_broker(self, topic, partition):
         self.asked.append((topic, partition))
-        return self.inner.leader(topic, partition)
+        return self.inner.leader_broker(topic, partition)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -670,8 +671,8 @@ class LeaderLookups:
 
 def test_a_new_owner_looks_up_a_moved_partitions_leader_while_its_old_owner_revokes(
         cluster):
-    """A member waiting for a partition to be handed over finds its leader replica (a
-    named-actor lookup, slow the first time in a process) while the old owner still
+    """A member waiting for a partition to be handed over finds its leader broker and
+    opens the connection to it (a connect, slow the first time) while the old owner still
     revokes it, not after the handover: the first fetch goes out as soon as the
     partition is released."""
     def spy(consumer):
