@@ -52,10 +52,10 @@ from typing import Any, Callable, Protocol
 
 from .. import wire
 from ..connection import KafkaConnection
-from ..errors import (FencedLeaderEpochError, InvalidRecordError, KafkaError, NetworkError,
+from ..errors import (FencedLeaderEpochError, InvalidRecordError, NetworkError,
                       NotLeaderForPartitionError)
 from ..protocol import EpochEndOffset
-from .fetcher import FetcherSettings, FollowerSide, truncation_offset
+from .fetcher import FetcherSettings, truncation_offset
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ class LocalReplicas(Protocol):
     def channel(self, handle) -> Any:
         """An open ReplicaChannel to the replica (a new one after the last died)."""
 
-    def side(self, handle) -> FollowerSide:
-        """The replica's follower calls (truncation; Ray in production)."""
+    def side(self, handle):
+        """The replica's truncation calls (FollowerSide's but ``apply_fetch``, which the
+        channel carries; Ray in production)."""
 
     def leader_offsets(self, topic: str, partition: int, leader_id: int) -> tuple[int, int]:
         """(log start, log end) of the leader's replica (after OFFSET_OUT_OF_RANGE)."""
@@ -445,7 +446,8 @@ class BrokerFetcherManager:
 
 # -- Ray ------------------------------------------------------------------------------------
 class _RayFollowerSide:
-    """FollowerSide through Ray calls to the local replica actor (truncation only)."""
+    """FollowerSide's truncation calls through Ray to the local replica actor (its appends
+    go through the replica channel)."""
 
     def __init__(self, handle):
         self.handle = handle
@@ -474,9 +476,6 @@ class _RayFollowerSide:
     def truncate_fully(self, generation, offset):
         return self._call("truncate_fully", generation, offset)
 
-    def apply_fetch(self, generation, fetch_offset, result):  # the channel carries these
-        raise KafkaError("follower appends go through the replica channel")
-
 
 class RayLocalReplicas:
     """LocalReplicas over Ray: a replica's channel address and follower calls through its
@@ -491,7 +490,7 @@ class RayLocalReplicas:
         address = ray.get(handle.channel_address.remote(), timeout=REQUEST_TIMEOUT_S)
         return ReplicaChannel(address)
 
-    def side(self, handle) -> FollowerSide:
+    def side(self, handle):
         return _RayFollowerSide(handle)
 
     def leader_offsets(self, topic, partition, leader_id):

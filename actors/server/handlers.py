@@ -24,12 +24,13 @@ lock); the backend must be thread-safe when the listener runs io threads.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import heapq
 import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from .. import wire
@@ -48,7 +49,19 @@ class NeedsReplica(Exception):
     """A read with ``cached_only`` that would have to wait for the replica."""
 
 
-_INLINE = threading.local()        # notify_inline's thread: reads must not wait
+_INLINE = threading.local()        # a thread whose reads must not wait for a replica
+
+
+@contextlib.contextmanager
+def _reading_held_only(on: bool = True):
+    """Within: the backend's reads answer only from what the broker holds (NeedsReplica
+    otherwise): for the network thread and a replica channel's reader thread."""
+    before = getattr(_INLINE, "active", False)
+    _INLINE.active = on
+    try:
+        yield
+    finally:
+        _INLINE.active = before
 _ERR = wire.ERRORS_BY_NAME
 
 
@@ -304,13 +317,11 @@ class KafkaApis:
         reader, which delivers those answers): the woken fetches read only what the
         backend holds. False when one of them needs the replica: then ``notify`` must run
         elsewhere (the fetches not tried yet still wait)."""
-        _INLINE.active = True
         try:
-            self.fetch_purgatory.notify((topic, partition))
+            with _reading_held_only():
+                self.fetch_purgatory.notify((topic, partition))
         except NeedsReplica:
             return False
-        finally:
-            _INLINE.active = False
         return True
 
     def handle(self, request: Request):
@@ -462,9 +473,9 @@ class KafkaApis:
             return wire.encode_response_parts(header, {
                 "error_code": _ERR["FETCH_SESSION_ID_NOT_FOUND"].code, "session_id": 0,
                 "responses": []})
-        read = _FetchRead(self.backend, body, cached_only=inline)
-        response, total, errors = read()
-        read.cached_only = False              # the purgatory's re-reads may wait
+        read = _FetchRead(self.backend, body)
+        with _reading_held_only(inline):      # the purgatory's re-reads may wait
+            response, total, errors = read()
         if body["max_wait_ms"] <= 0 or total >= max(body["min_bytes"], 1) or errors:
             return wire.encode_response_parts(header, response)
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -545,10 +556,9 @@ class _FetchRead:
     partition, ``max_bytes`` for the response, but the first batch of the first partition
     with data is returned whole however large (KIP-74), so a consumer always progresses."""
 
-    def __init__(self, backend: Backend, body: dict, cached_only: bool = False):
+    def __init__(self, backend: Backend, body: dict):
         self.backend = backend
         self.body = body
-        self.cached_only = cached_only
 
     def keys(self) -> list[tuple[str, int]]:
         return [(t["topic"], p["partition"]) for t in self.body["topics"]
@@ -573,8 +583,7 @@ class _FetchRead:
                     got = backend.read(topic, index, p["fetch_offset"], limit if limit > 0
                                        else -1, replica_id=replica_id,
                                        isolation_level=isolation,
-                                       cached_only=self.cached_only
-                                       or getattr(_INLINE, "active", False))
+                                       cached_only=getattr(_INLINE, "active", False))
                     total += len(got.data)
                     partitions.append({
                         "partition_index": index, "error_code": wire.NONE,
