@@ -140,13 +140,22 @@ def test_the_replicas_watch_wakes_the_purgatory_off_the_channel_thread(setup):
     from what the watch said, without asking the replica."""
     backend, _, leader, _, notified = setup
     backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)   # opens the link
+    link = backend._links[("t", 0)]
     notified.clear()
     leader.produce(build([b"direct"]), acks=1)
+    # the watch's first push (of the empty log) may land after the produce: wait for the
+    # push that carries the record, not just any notification
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with link.lock:
+            if link.tail_end >= 1 and link.high_watermark == 1:
+                break
+        time.sleep(0.01)
+    assert link.tail_end >= 1
     deadline = time.monotonic() + 5
     while ("t", 0) not in notified and time.monotonic() < deadline:
         time.sleep(0.01)
     assert ("t", 0) in notified
-    link = backend._links[("t", 0)]
     backend.read("t", 0, 0, 100, replica_id=-1, isolation_level=0)   # learns log start
     link.channel.fetch = None                        # any channel fetch would fail now
     empty = backend.read("t", 0, 1, 100, replica_id=-1, isolation_level=0)
