@@ -66,6 +66,15 @@ SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
+# -- admin APIs (served through the brokers' AdminManager: actors/server/admin_handlers.py)
+CREATE_TOPICS = 19
+DELETE_TOPICS = 20
+DELETE_RECORDS = 21
+DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
+CREATE_PARTITIONS = 37
+INCREMENTAL_ALTER_CONFIGS = 44
+DESCRIBE_CLUSTER = 60
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -88,6 +97,16 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
+    # -- admin APIs: Kafka 4's ranges (CreateTopics v0-1, DeleteTopics v0 and
+    # DescribeConfigs v0 are gone there; every client negotiates up to them)
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
+    DELETE_RECORDS: (0, 2),
+    DESCRIBE_CONFIGS: (1, 4),
+    ALTER_CONFIGS: (0, 2),
+    CREATE_PARTITIONS: (0, 3),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    DESCRIBE_CLUSTER: (0, 2),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -97,7 +116,13 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              SYNC_GROUP: "SyncGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup",
              OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch",
              LIST_GROUPS: "ListGroups", DESCRIBE_GROUPS: "DescribeGroups",
-             DELETE_GROUPS: "DeleteGroups"}
+             DELETE_GROUPS: "DeleteGroups",
+             # -- admin APIs
+             CREATE_TOPICS: "CreateTopics", DELETE_TOPICS: "DeleteTopics",
+             DELETE_RECORDS: "DeleteRecords", DESCRIBE_CONFIGS: "DescribeConfigs",
+             ALTER_CONFIGS: "AlterConfigs", CREATE_PARTITIONS: "CreatePartitions",
+             INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
+             DESCRIBE_CLUSTER: "DescribeCluster"}
 
 
 class InvalidRequestError(KafkaError):
@@ -118,7 +143,8 @@ class InvalidRequestError(KafkaError):
 # One line per field: name, type, versions, then options: null:V (nullable in versions V),
 # tag:N (a tagged field), =X (default). Types: int8 int16 int32 int64 bool string bytes
 # records uuid, []int32 / []int64 / []string (arrays of numbers or strings), [] (array of
-# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0".
+# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0". A line starting
+# with "#" is a comment.
 _SCHEMAS = """
 ApiVersionsRequest 18 flexible:3+
   client_software_name string 3+
@@ -441,6 +467,162 @@ DeleteGroupsResponse 42 flexible:2+
   results [] 0+
     group_id string 0+
     error_code int16 0+
+
+# -- admin APIs (transcribed from Kafka 4's JSON definitions, kafka-python 3.0's copy)
+CreateTopicsRequest 19 flexible:5+
+  topics [] 0+
+    name string 0+
+    num_partitions int32 0+
+    replication_factor int16 0+
+    assignments [] 0+
+      partition_index int32 0+
+      broker_ids []int32 0+
+    configs [] 0+
+      name string 0+
+      value string 0+ null:0+
+  timeout_ms int32 0+ =60000
+  validate_only bool 1+
+CreateTopicsResponse 19 flexible:5+
+  throttle_time_ms int32 2+
+  topics [] 0+
+    name string 0+
+    topic_id uuid 7+
+    error_code int16 0+
+    error_message string 1+ null:0+
+    topic_config_error_code int16 5+ tag:0
+    num_partitions int32 5+ =-1
+    replication_factor int16 5+ =-1
+    configs [] 5+ null:5+
+      name string 5+
+      value string 5+ null:5+
+      read_only bool 5+
+      config_source int8 5+ =-1
+      is_sensitive bool 5+
+
+DeleteTopicsRequest 20 flexible:4+
+  topics [] 6+
+    name string 6+ null:6+
+    topic_id uuid 6+
+  topic_names []string 0-5
+  timeout_ms int32 0+
+DeleteTopicsResponse 20 flexible:4+
+  throttle_time_ms int32 1+
+  responses [] 0+
+    name string 0+ null:6+
+    topic_id uuid 6+
+    error_code int16 0+
+    error_message string 5+ null:5+
+
+DeleteRecordsRequest 21 flexible:2+
+  topics [] 0+
+    name string 0+
+    partitions [] 0+
+      partition_index int32 0+
+      offset int64 0+
+  timeout_ms int32 0+
+DeleteRecordsResponse 21 flexible:2+
+  throttle_time_ms int32 0+
+  topics [] 0+
+    name string 0+
+    partitions [] 0+
+      partition_index int32 0+
+      low_watermark int64 0+
+      error_code int16 0+
+
+DescribeConfigsRequest 32 flexible:4+
+  resources [] 0+
+    resource_type int8 0+
+    resource_name string 0+
+    configuration_keys []string 0+ null:0+
+  include_synonyms bool 1+
+  include_documentation bool 3+
+DescribeConfigsResponse 32 flexible:4+
+  throttle_time_ms int32 0+
+  results [] 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+    resource_type int8 0+
+    resource_name string 0+
+    configs [] 0+
+      name string 0+
+      value string 0+ null:0+
+      read_only bool 0+
+      config_source int8 1+ =-1
+      is_default bool 0
+      is_sensitive bool 0+
+      synonyms [] 1+
+        name string 1+
+        value string 1+ null:0+
+        source int8 1+
+      config_type int8 3+
+      documentation string 3+ null:0+
+
+AlterConfigsRequest 33 flexible:2+
+  resources [] 0+
+    resource_type int8 0+
+    resource_name string 0+
+    configs [] 0+
+      name string 0+
+      value string 0+ null:0+
+  validate_only bool 0+
+AlterConfigsResponse 33 flexible:2+
+  throttle_time_ms int32 0+
+  responses [] 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+    resource_type int8 0+
+    resource_name string 0+
+
+CreatePartitionsRequest 37 flexible:2+
+  topics [] 0+
+    name string 0+
+    count int32 0+
+    assignments [] 0+ null:0+
+      broker_ids []int32 0+
+  timeout_ms int32 0+
+  validate_only bool 0+
+CreatePartitionsResponse 37 flexible:2+
+  throttle_time_ms int32 0+
+  results [] 0+
+    name string 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+
+IncrementalAlterConfigsRequest 44 flexible:1+
+  resources [] 0+
+    resource_type int8 0+
+    resource_name string 0+
+    configs [] 0+
+      name string 0+
+      config_operation int8 0+
+      value string 0+ null:0+
+  validate_only bool 0+
+IncrementalAlterConfigsResponse 44 flexible:1+
+  throttle_time_ms int32 0+
+  responses [] 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+    resource_type int8 0+
+    resource_name string 0+
+
+DescribeClusterRequest 60 flexible:0+
+  include_cluster_authorized_operations bool 0+
+  endpoint_type int8 1+ =1
+  include_fenced_brokers bool 2+
+DescribeClusterResponse 60 flexible:0+
+  throttle_time_ms int32 0+
+  error_code int16 0+
+  error_message string 0+ null:0+
+  endpoint_type int8 1+ =1
+  cluster_id string 0+
+  controller_id int32 0+ =-1
+  brokers [] 0+
+    broker_id int32 0+
+    host string 0+
+    port int32 0+
+    rack string 0+ null:0+
+    is_fenced bool 2+
+  cluster_authorized_operations int32 0+ =-2147483648
 """
 
 _NO_MAX = 1 << 15
@@ -543,7 +725,7 @@ def _parse_schemas(text: str) -> dict[tuple[int, str], _Message]:
                       "response")] = _Message(current[0], current[1], current[2], fields)
 
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or line.startswith("#"):      # a blank line or a comment
             continue
         if not line.startswith(" "):
             close()
@@ -1318,6 +1500,8 @@ __all__ = [
     "PRODUCE", "FETCH", "LIST_OFFSETS", "METADATA", "API_VERSIONS", "OFFSET_FOR_LEADER_EPOCH",
     "OFFSET_COMMIT", "OFFSET_FETCH", "FIND_COORDINATOR", "JOIN_GROUP", "HEARTBEAT",
     "LEAVE_GROUP", "SYNC_GROUP", "DESCRIBE_GROUPS", "LIST_GROUPS", "DELETE_GROUPS",
+    "CREATE_TOPICS", "DELETE_TOPICS", "DELETE_RECORDS", "DESCRIBE_CONFIGS", "ALTER_CONFIGS",
+    "CREATE_PARTITIONS", "INCREMENTAL_ALTER_CONFIGS", "DESCRIBE_CLUSTER",
     "SUPPORTED_VERSIONS", "API_NAMES", "InvalidRequestError", "BrokerResponseError",
     "RequestHeader", "ErrorCode", "ERRORS", "ERRORS_BY_NAME", "NONE", "error_code",
     "error_for_code", "decode_request_header", "decode_request_body", "decode_request",

@@ -31,6 +31,15 @@ from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorRespo
 from kafka.protocol.admin import (DeleteGroupsRequest, DeleteGroupsResponse,  # noqa: E402
                                   DescribeGroupsRequest, DescribeGroupsResponse,
                                   ListGroupsRequest, ListGroupsResponse)
+from kafka.protocol.admin import (AlterConfigsRequest, AlterConfigsResponse,  # noqa: E402
+                                  CreatePartitionsRequest, CreatePartitionsResponse,
+                                  CreateTopicsRequest, CreateTopicsResponse,
+                                  DeleteRecordsRequest, DeleteRecordsResponse,
+                                  DeleteTopicsRequest, DeleteTopicsResponse,
+                                  DescribeClusterRequest, DescribeClusterResponse,
+                                  DescribeConfigsRequest, DescribeConfigsResponse,
+                                  IncrementalAlterConfigsRequest,
+                                  IncrementalAlterConfigsResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -50,6 +59,15 @@ ORACLE = {
     wire.LIST_GROUPS: (ListGroupsRequest, ListGroupsResponse),
     wire.DESCRIBE_GROUPS: (DescribeGroupsRequest, DescribeGroupsResponse),
     wire.DELETE_GROUPS: (DeleteGroupsRequest, DeleteGroupsResponse),
+    wire.CREATE_TOPICS: (CreateTopicsRequest, CreateTopicsResponse),
+    wire.DELETE_TOPICS: (DeleteTopicsRequest, DeleteTopicsResponse),
+    wire.DELETE_RECORDS: (DeleteRecordsRequest, DeleteRecordsResponse),
+    wire.DESCRIBE_CONFIGS: (DescribeConfigsRequest, DescribeConfigsResponse),
+    wire.ALTER_CONFIGS: (AlterConfigsRequest, AlterConfigsResponse),
+    wire.CREATE_PARTITIONS: (CreatePartitionsRequest, CreatePartitionsResponse),
+    wire.INCREMENTAL_ALTER_CONFIGS: (IncrementalAlterConfigsRequest,
+                                     IncrementalAlterConfigsResponse),
+    wire.DESCRIBE_CLUSTER: (DescribeClusterRequest, DescribeClusterResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]
