@@ -14,15 +14,16 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from coordination.errors import NodeAlreadyExistsError, NodeMissingError, PlacementError
+from coordination.errors import (NodeAlreadyExistsError, NodeMissingError, VersionConflictError,
+                                 PlacementError)
 from coordination.errors import ZkUnavailableError
 from coordination.placement import assign_replicas_to_brokers
 from coordination.store import ZkStore
 from storage import LogConfig
 
-from ..errors import (InvalidPartitionsError, InvalidReplicaAssignmentError,
-                      InvalidReplicationFactorError, InvalidTopicError,
-                      ReassignmentInProgressError, TopicAlreadyExistsError,
+from ..errors import (InvalidConfigurationError, InvalidPartitionsError,
+                      InvalidReplicaAssignmentError, InvalidReplicationFactorError,
+                      InvalidTopicError, ReassignmentInProgressError, TopicAlreadyExistsError,
                       UnknownTopicOrPartitionError, ZooKeeperUnavailableError)
 from ..protocol import validate_topic_name
 
@@ -45,10 +46,59 @@ def _zk_errors(method):
     return wrapper
 
 
+#: Topic configs whose value is a comma-separated list (Kafka's ConfigDef.Type.LIST): the
+#: only ones IncrementalAlterConfigs may APPEND to or SUBTRACT from.
+LIST_TOPIC_CONFIGS = {"cleanup.policy"}
+#: IncrementalAlterConfigs' operations (Kafka's AlterConfigOp.OpType ids).
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+
 def _validate_log_config(config: dict) -> None:
     """InvalidConfigurationError for an unknown name or a bad value."""
     LogConfig.from_properties({k: v for k, v in config.items()
                                if k not in NON_LOG_TOPIC_CONFIGS})
+    if "min.insync.replicas" in config:
+        value = str(config["min.insync.replicas"]).strip()
+        if not value.isdigit() or int(value) < 1:
+            raise InvalidConfigurationError(
+                f"min.insync.replicas must be an integer >= 1, got {value!r}")
+    if "unclean.leader.election.enable" in config:
+        value = str(config["unclean.leader.election.enable"]).strip().lower()
+        if value not in ("true", "false"):
+            raise InvalidConfigurationError(
+                f"unclean.leader.election.enable must be true or false, got {value!r}")
+
+
+def apply_config_ops(config: dict, ops) -> dict:
+    """``config`` after IncrementalAlterConfigs' ``ops`` ([(name, op, value)], op SET,
+    DELETE, APPEND or SUBTRACT), as Kafka applies them: APPEND adds list items not yet
+    there, SUBTRACT removes them, both only for list configs (InvalidConfigurationError
+    otherwise, and for an unknown op or a name given twice). Pure; not validated."""
+    out = dict(config)
+    seen = set()
+    for name, op, value in ops:
+        if name in seen:
+            raise InvalidConfigurationError(f"config {name!r} is given more than once")
+        seen.add(name)
+        if op == SET:
+            out[name] = "" if value is None else str(value)
+        elif op == DELETE:
+            out.pop(name, None)
+        elif op in (APPEND, SUBTRACT):
+            if name not in LIST_TOPIC_CONFIGS:
+                raise InvalidConfigurationError(
+                    f"config {name!r} is not a list: it takes no "
+                    f"{'APPEND' if op == APPEND else 'SUBTRACT'}")
+            items = [v for v in str(out.get(name, "")).replace(" ", "").split(",") if v]
+            given = [v for v in str(value or "").replace(" ", "").split(",") if v]
+            if op == APPEND:
+                items += [v for v in given if v not in items]
+            else:
+                items = [v for v in items if v not in given]
+            out[name] = ",".join(items)
+        else:
+            raise InvalidConfigurationError(f"unknown config operation {op!r} for {name!r}")
+    return out
 
 
 class AdminManager:
@@ -76,16 +126,22 @@ class AdminManager:
 
     @_zk_errors
     def create_topic(self, name: str, partitions: int, replication_factor: int,
-                     config: dict | None) -> dict:
-        """Place the replicas (seed 003's placement over the live brokers) and write the
-        topic; returns partition -> replicas."""
+                     config: dict | None, *, assignment: dict | None = None,
+                     validate_only: bool = False) -> dict:
+        """Place the replicas (seed 003's placement over the live brokers, or the given
+        ``assignment`` {partition: [broker ids]}, then ``partitions`` and
+        ``replication_factor`` are ignored) and write the topic; returns partition ->
+        replicas. ``validate_only``: every check, nothing written."""
         validate_topic_name(name)
-        if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
-            raise InvalidPartitionsError(f"partitions must be an integer >= 1, got {partitions!r}")
-        if not isinstance(replication_factor, int) or isinstance(replication_factor, bool) \
-                or replication_factor < 1:
-            raise InvalidReplicationFactorError(
-                f"replication factor must be an integer >= 1, got {replication_factor!r}")
+        if assignment is None:
+            if not isinstance(partitions, int) or isinstance(partitions, bool) \
+                    or partitions < 1:
+                raise InvalidPartitionsError(
+                    f"partitions must be an integer >= 1, got {partitions!r}")
+            if not isinstance(replication_factor, int) or isinstance(replication_factor, bool) \
+                    or replication_factor < 1:
+                raise InvalidReplicationFactorError(
+                    f"replication factor must be an integer >= 1, got {replication_factor!r}")
         config = {str(k): str(v) for k, v in (config or {}).items()}
         _validate_log_config(config)
         existing = self.store.topics()
@@ -98,22 +154,80 @@ class AdminManager:
                     f"topic {name!r} collides with existing topic {other!r} ('.' and '_' "
                     f"map to the same metric names in Kafka)")
         brokers = self._alive(self.store.get_brokers())
-        if replication_factor > len(brokers):
-            raise InvalidReplicationFactorError(
-                f"replication factor {replication_factor} is larger than the {len(brokers)} "
-                f"live brokers")
-        try:
-            assignment = assign_replicas_to_brokers(
-                {b: info.rack for b, info in brokers.items()}, partitions=partitions,
-                replication_factor=replication_factor)
-        except PlacementError as exc:
-            raise InvalidReplicationFactorError(str(exc)) from None
+        if assignment is not None:
+            assignment = _checked_assignment(assignment, set(brokers), first=0)
+        else:
+            if replication_factor > len(brokers):
+                raise InvalidReplicationFactorError(
+                    f"replication factor {replication_factor} is larger than the "
+                    f"{len(brokers)} live brokers")
+            try:
+                assignment = assign_replicas_to_brokers(
+                    {b: info.rack for b, info in brokers.items()}, partitions=partitions,
+                    replication_factor=replication_factor)
+            except PlacementError as exc:
+                raise InvalidReplicationFactorError(str(exc)) from None
+        if validate_only:
+            return {p: list(r) for p, r in assignment.items()}
         try:
             self.store.create_topic(name, assignment, config)
         except NodeAlreadyExistsError:
             raise TopicAlreadyExistsError(f"topic {name!r} already exists") from None
         self.wake_controller()
         return {p: list(r) for p, r in assignment.items()}
+
+    @_zk_errors
+    def create_partitions(self, name: str, count: int, assignment: list | None = None, *,
+                          validate_only: bool = False) -> dict:
+        """Grow topic ``name`` to ``count`` partitions (Kafka's CreatePartitions): the new
+        ones placed over the live brokers with the topic's replication factor, or on
+        ``assignment`` (one broker list per new partition); the controller gives them
+        leaders. InvalidPartitionsError unless ``count`` exceeds the current count;
+        returns the new partitions' replicas. A conditional write: a concurrent change of
+        the topic's assignment (a reassignment) makes it fail with
+        ReassignmentInProgressError rather than overwrite it."""
+        validate_topic_name(name)
+        try:
+            current, version, _ = self.store.get_topic(name)
+        except NodeMissingError:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist") from None
+        if name in self.store.pending_topic_deletions():
+            raise InvalidTopicError(f"topic {name!r} is being deleted")
+        if not isinstance(count, int) or isinstance(count, bool) or count <= len(current):
+            raise InvalidPartitionsError(
+                f"topic {name!r} has {len(current)} partitions; the new count must be "
+                f"larger, got {count!r}")
+        if self.store.get_reassignment():
+            raise ReassignmentInProgressError(
+                f"a partition reassignment is in progress; {name!r} is not grown meanwhile")
+        brokers = self._alive(self.store.get_brokers())
+        if assignment is not None:
+            if len(assignment) != count - len(current):
+                raise InvalidReplicaAssignmentError(
+                    f"{count - len(current)} new partitions but {len(assignment)} replica "
+                    f"lists in the assignment")
+            added = _checked_assignment(
+                {len(current) + i: r for i, r in enumerate(assignment)}, set(brokers),
+                first=len(current))
+        else:
+            rf = len(next(iter(current.values())))
+            try:
+                added = assign_replicas_to_brokers(
+                    {b: info.rack for b, info in brokers.items()},
+                    partitions=count - len(current), replication_factor=rf,
+                    start_partition_id=len(current))
+            except PlacementError as exc:
+                raise InvalidReplicationFactorError(str(exc)) from None
+        if validate_only:
+            return {p: list(r) for p, r in added.items()}
+        try:
+            self.store.set_topic_assignment(name, {**current, **added},
+                                            expected_version=version)
+        except (NodeMissingError, VersionConflictError):
+            raise ReassignmentInProgressError(
+                f"the assignment of {name!r} changed meanwhile; ask again") from None
+        self.wake_controller()
+        return {p: list(r) for p, r in added.items()}
 
     @_zk_errors
     def delete_topic(self, name: str) -> None:
@@ -139,16 +253,34 @@ class AdminManager:
         return self.store.get_topic_config(name)
 
     @_zk_errors
-    def alter_topic_config(self, name: str, config: dict) -> dict:
+    def alter_topic_config(self, name: str, config: dict, *, replace: bool = False,
+                           validate_only: bool = False) -> dict:
+        """Merge ``config`` into the topic's overrides (``replace``: make it the whole set
+        of overrides, as Kafka's legacy AlterConfigs does); returns the overrides."""
         validate_topic_name(name)
         if name not in self.store.topics():
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        merged = {**self.store.get_topic_config(name),
-                  **{str(k): str(v) for k, v in (config or {}).items()}}
-        _validate_log_config(merged)
-        self.store.set_topic_config(name, merged)
-        self.wake_controller()
-        return merged
+        given = {str(k): str(v) for k, v in (config or {}).items()}
+        merged = given if replace else {**self.store.get_topic_config(name), **given}
+        return self._set_topic_config(name, merged, validate_only)
+
+    @_zk_errors
+    def incremental_alter_topic_config(self, name: str, ops, *,
+                                       validate_only: bool = False) -> dict:
+        """Apply IncrementalAlterConfigs' ``ops`` ([(name, op, value)]: ``apply_config_ops``)
+        to the topic's overrides; returns the overrides."""
+        validate_topic_name(name)
+        if name not in self.store.topics():
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        merged = apply_config_ops(self.store.get_topic_config(name), ops)
+        return self._set_topic_config(name, merged, validate_only)
+
+    def _set_topic_config(self, name: str, config: dict, validate_only: bool) -> dict:
+        _validate_log_config(config)
+        if not validate_only:
+            self.store.set_topic_config(name, config)
+            self.wake_controller()
+        return config
 
     @_zk_errors
     def elect_preferred_leaders(self, partitions: list) -> None:
@@ -214,6 +346,37 @@ class AdminManager:
     def reassignment_in_progress(self) -> dict:
         """The pending plan in Kafka's JSON shape (``"partitions"`` empty when none)."""
         return _plan_json(self.store.get_reassignment() or {})
+
+
+def _checked_assignment(assignment: dict, brokers: set[int], *, first: int) -> dict:
+    """A replica assignment given by a client ({partition: [broker ids]}, partitions
+    ``first``, ``first`` + 1, ... without a gap), as tuples;
+    InvalidReplicaAssignmentError for a gap, an empty or duplicated replica list, lists of
+    different lengths or a broker that is not live."""
+    if not assignment:
+        raise InvalidReplicaAssignmentError("the replica assignment lists no partition")
+    if sorted(assignment) != list(range(first, first + len(assignment))):
+        raise InvalidReplicaAssignmentError(
+            f"the assignment's partitions must be {first}..{first + len(assignment) - 1} "
+            f"without a gap, got {sorted(assignment)}")
+    sizes = {len(r) for r in assignment.values()}
+    if len(sizes) != 1:
+        raise InvalidReplicaAssignmentError("every partition must have as many replicas")
+    out = {}
+    for p, replicas in sorted(assignment.items()):
+        replicas = tuple(int(b) for b in replicas)
+        if not replicas:
+            raise InvalidReplicaAssignmentError(f"partition {p}: the replica list is empty")
+        if len(set(replicas)) != len(replicas):
+            raise InvalidReplicaAssignmentError(
+                f"partition {p}: duplicate brokers in {list(replicas)}")
+        unknown = sorted(set(replicas) - brokers)
+        if unknown:
+            raise InvalidReplicaAssignmentError(
+                f"partition {p}: brokers {unknown} are not live (live brokers: "
+                f"{sorted(brokers)})")
+        out[p] = replicas
+    return out
 
 
 def _plan_json(plan: dict) -> dict:

@@ -40,6 +40,7 @@ from ..errors import (BrokerIdInUseError, CoordinatorNotAvailableError, IllegalA
                       TopicAlreadyExistsError, ZooKeeperUnavailableError)
 from ..protocol import (OFFSETS_TOPIC, broker_actor_name, controller_actor_name,
                         group_coordinator_actor_name, unwrap)
+from .admin_handlers import AdminApis
 from .admin_manager import AdminManager
 from .broker_backend import BrokerBackend, RayReplicaLookup
 from .broker_fetcher import BrokerFetcherManager, RayLocalReplicas
@@ -175,6 +176,7 @@ class Broker:
         self.leading: dict[tuple[str, int], int] = {}
         self.server: SocketServer | None = None         # the Kafka listener, once started
         self.apis: KafkaApis | None = None
+        self.admin_apis: AdminApis | None = None        # the listener's admin APIs
         self.backend: BrokerBackend | None = None
         self.cluster_id = None
         self._coordinator_lock = threading.Lock()
@@ -253,8 +255,11 @@ class Broker:
             replicas=RayReplicaLookup(self.replica_manager),
             endpoint=BrokerEndpoint(self.broker_id, settings.host, settings.port),
             cluster_id=self.cluster_id)
+        self.admin_apis = AdminApis(self.backend, self.admin, broker_id=self.broker_id,
+                                    broker_config=self.config)
         self.apis = KafkaApis(self.backend, groups=GroupApis(self.backend, BrokerGroups(
-            self.find_coordinator, lambda: self.coordinator, self.broker_id)))
+            self.find_coordinator, lambda: self.coordinator, self.broker_id)),
+            admin=self.admin_apis)
         self.backend.on_change = self.apis.notify
         self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, settings)
@@ -272,7 +277,7 @@ class Broker:
     def _stop_listener(self) -> None:
         """Close the listener (clients see their connections end), then the handlers and
         the replica channels."""
-        for part in (self.server, self.apis, self.backend):
+        for part in (self.server, self.apis, self.admin_apis, self.backend):
             if part is not None:
                 try:
                     part.close()
@@ -590,7 +595,9 @@ class Broker:
             self._metadata_stamp = stamp
             # clients keep the newest of several brokers' snapshots by this stamp
             self.metadata = {**metadata, "stamp": list(stamp)}
-            return True
+        if self.admin_apis is not None:
+            self.admin_apis.metadata_changed()     # admin requests waiting for this
+        return True
 
     def get_metadata(self) -> dict:
         return self.metadata

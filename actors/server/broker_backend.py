@@ -19,8 +19,9 @@ answer, which only the reader thread could deliver. The recorded high watermark 
 a consumer's fetch at the high watermark (the usual long poll: nothing new yet) answer
 empty without a round trip to the replica.
 
-ListOffsets and OffsetForLeaderEpoch are rare (a consumer's start, a leader change) and the
-channel has no operation for them: they are one Ray call to the replica each.
+ListOffsets, OffsetForLeaderEpoch and DeleteRecords are rare (a consumer's start, a leader
+change, an admin's request) and the channel has no operation for them: they are one Ray call
+to the replica each.
 
 Ray stays behind ``ReplicaLookup`` (``RayReplicaLookup`` in production), so this module is
 tested with in-process replicas. Thread-safe: ``_lock`` guards the link table only; no
@@ -65,6 +66,10 @@ class ReplicaLookup(Protocol):
     def list_offset(self, handle, timestamp: int) -> tuple[int, int]: ...
 
     def end_offset_for_epoch(self, handle, leader_epoch: int) -> EpochEndOffset: ...
+
+    def delete_records(self, handle, offset: int) -> tuple[int, int, int]:
+        """DeleteRecords at the leader replica: (log start offset after it, high
+        watermark, log end offset)."""
 
 
 _BATCH_HEAD = struct.Struct(">qi")          # base offset, batch length (after these 12)
@@ -327,6 +332,18 @@ class BrokerBackend:
         return self._replicas.end_offset_for_epoch(self._handle(topic, partition),
                                                    leader_epoch)
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move the partition's log start offset to ``offset`` (-1: the high watermark)
+        at its leader replica, as DeleteRecords asks; the new log start offset (the low
+        watermark). OffsetOutOfRangeError past the high watermark. The pushed tail this
+        broker keeps learns the new start at once (no read below it is answered from it)."""
+        self.leader_epoch(topic, partition)        # not the leader here: refused at once
+        start, hw, leo = self._replicas.delete_records(self._handle(topic, partition), offset)
+        link = self._links.get((topic, partition))
+        if link is not None:
+            link.saw(hw, leo, start)
+        return start
+
     # -- links to the replicas --------------------------------------------------------------
     def _handle(self, topic: str, partition: int):
         handle = self._replicas.handle(topic, partition)
@@ -427,6 +444,21 @@ def _list_offset_on_replica(replica, timestamp: int) -> tuple[int, int]:
     return list_offset_in_log(replica.log, timestamp, replica.high_watermark)
 
 
+def _delete_records_on_replica(replica, offset: int) -> tuple[int, int, int]:
+    """Runs inside the replica actor (``__ray_call__``): DeleteRecords as its leader
+    (-1: up to the high watermark; never past it, as Kafka refuses)."""
+    replica._require_leader()
+    hw = replica.high_watermark
+    if offset == -1:
+        offset = hw
+    if offset < 0 or offset > hw:
+        from ..errors import OffsetOutOfRangeError
+        raise OffsetOutOfRangeError(f"cannot delete records before {offset}: the high "
+                                    f"watermark is {hw}")
+    start = replica.delete_records_before(offset)
+    return start, hw, replica.log.log_end_offset
+
+
 class RayReplicaLookup:
     """ReplicaLookup over the broker's ReplicaManager and Ray calls to replica actors."""
 
@@ -459,6 +491,10 @@ class RayReplicaLookup:
 
     def end_offset_for_epoch(self, handle, leader_epoch: int) -> EpochEndOffset:
         return self._get(handle.offsets_for_leader_epoch.remote(leader_epoch))
+
+    def delete_records(self, handle, offset: int) -> tuple[int, int, int]:
+        return tuple(self._get(handle.__ray_call__.remote(_delete_records_on_replica,
+                                                          offset)))
 
 
 __all__ = ["BrokerBackend", "RayReplicaLookup", "ReplicaLookup"]
