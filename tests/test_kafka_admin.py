@@ -381,3 +381,24 @@ def _leader(cluster, topic: str) -> int:
     md = _raw_call(cluster, wire.METADATA, 12, {"topics": []})
     by_id = {b["node_id"]: f"{b['host']}:{b['port']}" for b in md["brokers"]}
     return cluster.bootstrap_servers.split(",").index(by_id[leader])
+
+
+def test_incremental_config_ops_follow_kafkas_rules():
+    """apply_config_ops (no cluster): SET and DELETE replace and remove, APPEND adds only
+    list items not there yet, SUBTRACT removes them, both only for list configs; a name
+    given twice or an unknown operation is InvalidConfigurationError."""
+    from actors.errors import InvalidConfigurationError
+    from actors.server.admin_manager import APPEND, DELETE, SET, SUBTRACT, apply_config_ops
+    config = {"cleanup.policy": "compact", "retention.ms": "1"}
+    assert apply_config_ops(config, [("cleanup.policy", APPEND, "delete,compact"),
+                                     ("retention.ms", DELETE, None),
+                                     ("segment.ms", SET, "10")]) == \
+        {"cleanup.policy": "compact,delete", "segment.ms": "10"}
+    assert apply_config_ops(config, [("cleanup.policy", SUBTRACT, "compact")]) == \
+        {"cleanup.policy": "", "retention.ms": "1"}
+    assert config == {"cleanup.policy": "compact", "retention.ms": "1"}     # not changed
+    for ops in ([("retention.ms", APPEND, "2")], [("retention.ms", SUBTRACT, "1")],
+                [("retention.ms", SET, "2"), ("retention.ms", DELETE, None)],
+                [("retention.ms", 9, "2")]):
+        with pytest.raises(InvalidConfigurationError):
+            apply_config_ops(config, ops)

@@ -43,7 +43,6 @@ from storage import LogConfig
 from .. import wire
 from ..errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError
 from ..protocol import validate_topic_name
-from .admin_manager import LIST_TOPIC_CONFIGS
 from .handlers import DelayedOperation, Purgatory
 from .network import Request
 
@@ -94,6 +93,8 @@ _DEFAULTS = {**{k: v for k, v in LogConfig().to_properties().items() if k in TOP
              "flush.messages": _LONG_MAX, "flush.ms": _LONG_MAX,
              "min.insync.replicas": "1", "unclean.leader.election.enable": "false"}
 #: Broker settings described with their defaults when not given at start (read-only).
+#: Every name a topic config may have (TOPIC_CONFIGS and LogConfig's other spellings).
+KNOWN_TOPIC_CONFIGS = frozenset(TOPIC_CONFIGS) | frozenset(LogConfig().to_properties())
 BROKER_DEFAULTS = {"num.partitions": "1", "default.replication.factor": "1",
                    "min.insync.replicas": "1", "unclean.leader.election.enable": "false",
                    "offsets.topic.num.partitions": "50", "offsets.topic.replication.factor": "3"}
@@ -390,6 +391,15 @@ class AdminApis:
                         "synonyms": [{"name": n, "value": v, "source": s}
                                      for s, n, v in chain] if synonyms else [],
                         "config_type": ctype, "documentation": doc if docs else None})
+        for name in sorted(set(overrides) - set(TOPIC_CONFIGS)):     # another spelling
+            if keys is None or name in keys:
+                value = str(overrides[name])
+                out.append({"name": name, "value": value, "read_only": False,
+                            "config_source": DYNAMIC_TOPIC_CONFIG, "is_default": False,
+                            "is_sensitive": False,
+                            "synonyms": [{"name": name, "value": value,
+                                          "source": DYNAMIC_TOPIC_CONFIG}] if synonyms else [],
+                            "config_type": STRING, "documentation": None})
         return out
 
     def _broker_entries(self, keys, synonyms: bool, docs: bool) -> list:
@@ -437,8 +447,8 @@ class AdminApis:
     def _incremental_alter_configs(self, body: dict, version: int):
         def alter(r):
             ops = [(c["name"], c["config_operation"], c["value"]) for c in r["configs"]]
-            for name, _, _ in ops:
-                if name not in TOPIC_CONFIGS and name not in LIST_TOPIC_CONFIGS:
+            for name, _, _ in ops:          # a DELETE of an unknown name too
+                if name not in KNOWN_TOPIC_CONFIGS:
                     raise InvalidConfigurationError(f"unknown topic config {name!r}")
             self.admin.incremental_alter_topic_config(r["resource_name"], ops,
                                                       validate_only=body["validate_only"])
