@@ -149,6 +149,26 @@ def test_create_topics_answers_once_the_leaders_exist_on_any_broker(cluster):
             [[True] * 2, [True]][:len(topics)]
 
 
+def test_create_topics_past_its_timeout_answers_request_timed_out_and_still_creates(
+        cluster):
+    """timeout_ms 1 (no controller gives leaders that fast) answers REQUEST_TIMED_OUT for
+    the topic, which is created all the same; timeout_ms 0 answers at once without error,
+    as Kafka does."""
+    late, at_once = next(_names), next(_names)
+    answer = _raw_call(cluster, wire.CREATE_TOPICS, 4, {"topics": [
+        {"name": late, "num_partitions": 1, "replication_factor": 1, "assignments": [],
+         "configs": []}], "timeout_ms": 1})
+    assert answer["topics"][0]["error_code"] == \
+        wire.ERRORS_BY_NAME["REQUEST_TIMED_OUT"].code
+    answer = _raw_call(cluster, wire.CREATE_TOPICS, 4, {"topics": [
+        {"name": at_once, "num_partitions": 1, "replication_factor": 1, "assignments": [],
+         "configs": []}], "timeout_ms": 0})
+    assert answer["topics"][0]["error_code"] == 0
+    for name in (late, at_once):
+        wait_until(lambda: cluster.admin().describe_topic(name)[0]["leader"] >= 0,
+                   timeout_s=30, what=f"a leader of {name}")
+
+
 def test_confluent_creates_with_configs_describes_and_alters_them(cluster, cadmin):
     """confluent-kafka: create with configs; describe shows them as DYNAMIC_TOPIC_CONFIG
     and the rest with their defaults; incremental SET, DELETE and APPEND
