@@ -42,7 +42,7 @@ from storage import LogConfig
 
 from .. import wire
 from ..errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError
-from ..protocol import validate_topic_name
+from ..protocol import OFFSETS_TOPIC, validate_topic_name
 from .handlers import DelayedOperation, Purgatory
 from .network import Request
 
@@ -323,6 +323,9 @@ class AdminApis:
             try:
                 if names.count(t["name"]) > 1:
                     raise _invalid(f"topic {t['name']!r} is listed more than once")
+                if t["name"] == OFFSETS_TOPIC:
+                    raise _invalid(f"{OFFSETS_TOPIC}'s partition count is fixed: it "
+                                   f"decides which partition holds each group")
                 assignment = None if t["assignments"] is None else [
                     list(a["broker_ids"]) for a in t["assignments"]]
                 self.admin.create_partitions(t["name"], t["count"], assignment,
