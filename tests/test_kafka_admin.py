@@ -241,7 +241,8 @@ def test_kafka_python_alters_configs_both_ways_and_describes_a_broker(cluster, k
 def test_create_partitions_then_delete_records_then_delete_topic(cluster, kadmin, cadmin,
                                                                  zk):
     """kafka-python grows a topic from 1 to 2 partitions (the new one gets a leader and
-    shows in raykafka's Admin; a count not above the current one is INVALID_PARTITIONS);
+    shows in raykafka's Admin; a count not above the current one is INVALID_PARTITIONS,
+    growing __consumer_offsets INVALID_REQUEST);
     confluent-kafka's DeleteRecords moves a partition's log start to the offset asked
     (the low watermark answered; the leader replica's state shows it; past the high
     watermark is OFFSET_OUT_OF_RANGE); then confluent-kafka deletes the topic: gone from
@@ -254,6 +255,9 @@ def test_create_partitions_then_delete_records_then_delete_topic(cluster, kadmin
     assert [(r["leader"] >= 0, len(r["replicas"])) for r in rows] == [(True, 3)] * 2
     assert _ck_error(cadmin.create_partitions([NewPartitions(name, 1)])[name]) == \
         "INVALID_PARTITIONS"
+    offsets = "__consumer_offsets"          # its count decides each group's partition
+    assert _ck_error(cadmin.create_partitions([NewPartitions(offsets, 99)])[offsets]) == \
+        "INVALID_REQUEST"
 
     _produce(cluster, name, 10, partition=1)
     tp = ck.TopicPartition(name, 1, 4)
