@@ -1052,6 +1052,75 @@ def test_a_second_reassignment_while_one_runs_is_refused():
     assert store.reassignment == {("t", 0): (1, 2)}
 
 
+# -- AdminManager.create_partitions and create_topic's replica assignments ----------------------
+class GrowStore(AdminStore):
+    def get_brokers(self):
+        return {b: SimpleNamespace(rack=None) for b in self.brokers}
+
+    def create_topic(self, topic, assignment, config):
+        self.add_topic(topic, assignment, config)
+
+
+GROW_ROWS = [
+    ("placed with the topic's RF", 3, None, None),
+    ("on the assignment given", 3, [[1, 2], [2, 0]], None),
+    ("a count not above the current one", 1, None, "InvalidPartitionsError"),
+    ("an assignment of another length", 3, [[1, 2]], "InvalidReplicaAssignmentError"),
+    ("a broker not live", 2, [[9, 1]], "InvalidReplicaAssignmentError"),
+    ("a duplicate broker", 2, [[1, 1]], "InvalidReplicaAssignmentError"),
+    ("replica lists of different sizes", 3, [[1, 2], [0]], "InvalidReplicaAssignmentError"),
+]
+
+
+@pytest.mark.parametrize("row", GROW_ROWS, ids=[r[0] for r in GROW_ROWS])
+def test_create_partitions_validation(row):
+    """Each row: AdminManager.create_partitions grows topic t (1 partition, RF 2) to the
+    count asked, the new partitions on the assignment given or placed with RF 2 on
+    distinct live brokers, the old ones untouched; or the typed error it refuses with
+    (nothing written). validate_only checks the same and writes nothing."""
+    from actors import errors
+    from actors.server.admin_manager import AdminManager
+    _, count, assignment, error = row
+    store = GrowStore()
+    store.register(0, 1, 2)
+    store.add_topic("t", {0: [0, 1]})
+    admin = AdminManager(store)
+    if error is not None:
+        with pytest.raises(getattr(errors, error)):
+            admin.create_partitions("t", count, assignment)
+        assert store.assignments["t"][0] == {0: (0, 1)}
+        return
+    admin.create_partitions("t", count, assignment, validate_only=True)
+    assert store.assignments["t"][0] == {0: (0, 1)}
+    added = admin.create_partitions("t", count, assignment)
+    written = store.assignments["t"][0]
+    assert sorted(written) == list(range(count)) and written[0] == (0, 1)
+    assert {p: list(r) for p, r in written.items() if p > 0} == added
+    if assignment is not None:
+        assert list(added.values()) == assignment
+    assert all(len(set(r)) == 2 and set(r) <= {0, 1, 2} for r in added.values())
+
+
+def test_create_partitions_of_an_unknown_topic_and_topic_assignments_are_checked():
+    """create_partitions of a topic that does not exist is UnknownTopicOrPartitionError;
+    create_topic with a replica assignment takes it as given (validate_only writes
+    nothing) and refuses a gap in its partitions (InvalidReplicaAssignmentError)."""
+    from actors.server.admin_manager import AdminManager
+    store = GrowStore()
+    store.register(0, 1, 2)
+    admin = AdminManager(store)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.create_partitions("nope", 2)
+    admin.create_topic("a", -1, -1, None, assignment={0: [2, 0], 1: [0, 1]},
+                       validate_only=True)
+    assert "a" not in store.assignments
+    admin.create_topic("a", -1, -1, None, assignment={0: [2, 0], 1: [0, 1]})
+    assert store.assignments["a"][0] == {0: (2, 0), 1: (0, 1)}
+    with pytest.raises(InvalidReplicaAssignmentError):
+        admin.create_topic("b", -1, -1, None, assignment={0: [0], 2: [1]})
+    assert "b" not in store.assignments
+
+
 def test_a_second_reassignment_stops_a_replica_removed_before_again():
     """What a finished reassignment recorded as stopped does not count for a later one:
     removing the same replica again sends StopReplica again."""
