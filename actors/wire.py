@@ -1264,6 +1264,10 @@ _TYPED = {
     "InconsistentClusterIdError": "INCONSISTENT_CLUSTER_ID",
     "KafkaTimeoutError": "REQUEST_TIMED_OUT",       # the client's own; the wire's is 7
     "NetworkError": "NETWORK_EXCEPTION",
+    "TopicAuthorizationFailedError": "TOPIC_AUTHORIZATION_FAILED",
+    "GroupAuthorizationFailedError": "GROUP_AUTHORIZATION_FAILED",
+    "ClusterAuthorizationFailedError": "CLUSTER_AUTHORIZATION_FAILED",
+    "SecurityDisabledError": "SECURITY_DISABLED",
 }
 _CLASS_CODES: dict[type, int] = {}
 _CODE_CLASSES: dict[int, type] = {}
