@@ -66,6 +66,10 @@ SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
+# ACLs (actors/server/acl_handlers.py)
+DESCRIBE_ACLS = 29
+CREATE_ACLS = 30
+DELETE_ACLS = 31
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -88,6 +92,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
+    # ACLs: Kafka 4 dropped v0 (its pattern type is implicitly LITERAL)
+    DESCRIBE_ACLS: (1, 3),
+    CREATE_ACLS: (1, 3),
+    DELETE_ACLS: (1, 3),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -97,7 +105,8 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              SYNC_GROUP: "SyncGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup",
              OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch",
              LIST_GROUPS: "ListGroups", DESCRIBE_GROUPS: "DescribeGroups",
-             DELETE_GROUPS: "DeleteGroups"}
+             DELETE_GROUPS: "DeleteGroups", DESCRIBE_ACLS: "DescribeAcls",
+             CREATE_ACLS: "CreateAcls", DELETE_ACLS: "DeleteAcls"}
 
 
 class InvalidRequestError(KafkaError):
@@ -441,6 +450,68 @@ DeleteGroupsResponse 42 flexible:2+
   results [] 0+
     group_id string 0+
     error_code int16 0+
+
+DescribeAclsRequest 29 flexible:2+
+  resource_type_filter int8 0+
+  resource_name_filter string 0+ null:0+
+  pattern_type_filter int8 1+ =3
+  principal_filter string 0+ null:0+
+  host_filter string 0+ null:0+
+  operation int8 0+
+  permission_type int8 0+
+DescribeAclsResponse 29 flexible:2+
+  throttle_time_ms int32 0+
+  error_code int16 0+
+  error_message string 0+ null:0+
+  resources [] 0+
+    resource_type int8 0+
+    resource_name string 0+
+    pattern_type int8 1+ =3
+    acls [] 0+
+      principal string 0+
+      host string 0+
+      operation int8 0+
+      permission_type int8 0+
+
+CreateAclsRequest 30 flexible:2+
+  creations [] 0+
+    resource_type int8 0+
+    resource_name string 0+
+    resource_pattern_type int8 1+ =3
+    principal string 0+
+    host string 0+
+    operation int8 0+
+    permission_type int8 0+
+CreateAclsResponse 30 flexible:2+
+  throttle_time_ms int32 0+
+  results [] 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+
+DeleteAclsRequest 31 flexible:2+
+  filters [] 0+
+    resource_type_filter int8 0+
+    resource_name_filter string 0+ null:0+
+    pattern_type_filter int8 1+ =3
+    principal_filter string 0+ null:0+
+    host_filter string 0+ null:0+
+    operation int8 0+
+    permission_type int8 0+
+DeleteAclsResponse 31 flexible:2+
+  throttle_time_ms int32 0+
+  filter_results [] 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+    matching_acls [] 0+
+      error_code int16 0+
+      error_message string 0+ null:0+
+      resource_type int8 0+
+      resource_name string 0+
+      pattern_type int8 1+ =3
+      principal string 0+
+      host string 0+
+      operation int8 0+
+      permission_type int8 0+
 """
 
 _NO_MAX = 1 << 15

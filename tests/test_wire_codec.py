@@ -31,6 +31,9 @@ from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorRespo
 from kafka.protocol.admin import (DeleteGroupsRequest, DeleteGroupsResponse,  # noqa: E402
                                   DescribeGroupsRequest, DescribeGroupsResponse,
                                   ListGroupsRequest, ListGroupsResponse)
+from kafka.protocol.admin import (CreateAclsRequest, CreateAclsResponse,  # noqa: E402
+                                  DeleteAclsRequest, DeleteAclsResponse,
+                                  DescribeAclsRequest, DescribeAclsResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -50,6 +53,9 @@ ORACLE = {
     wire.LIST_GROUPS: (ListGroupsRequest, ListGroupsResponse),
     wire.DESCRIBE_GROUPS: (DescribeGroupsRequest, DescribeGroupsResponse),
     wire.DELETE_GROUPS: (DeleteGroupsRequest, DeleteGroupsResponse),
+    wire.DESCRIBE_ACLS: (DescribeAclsRequest, DescribeAclsResponse),
+    wire.CREATE_ACLS: (CreateAclsRequest, CreateAclsResponse),
+    wire.DELETE_ACLS: (DeleteAclsRequest, DeleteAclsResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]

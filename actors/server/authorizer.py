@@ -127,6 +127,24 @@ class Authorizer:
         self._patterns: dict[tuple[str, str, str], frozenset[AclEntry]] = {}
         self._cache: dict[tuple, bool] = {}
 
+    @classmethod
+    def from_config(cls, config: dict) -> "Authorizer | None":
+        """The broker's authorizer from Kafka's settings, None when none is configured:
+        ``authorizer.class.name`` (any non-empty value turns on this ACL authorizer, e.g.
+        Kafka's ``kafka.security.authorizer.AclAuthorizer``), ``super.users``
+        (``User:a;User:b``), ``allow.everyone.if.no.acl.found`` (false)."""
+        if not str(config.get("authorizer.class.name") or "").strip():
+            return None
+        supers = [p.strip() for p in str(config.get("super.users") or "").split(";")
+                  if p.strip()]
+        for p in supers:
+            parse_principal(p)
+        flag = str(config.get("allow.everyone.if.no.acl.found", "false")).strip().lower()
+        if flag not in ("true", "false"):
+            raise IllegalArgumentError(
+                f"allow.everyone.if.no.acl.found must be true or false, got {flag!r}")
+        return cls(super_users=supers, allow_everyone_if_no_acl_found=flag == "true")
+
     # -- the ACLs ----------------------------------------------------------------------
     def replace_all(self, patterns: dict[tuple[str, str, str], frozenset]) -> None:
         with self._lock:

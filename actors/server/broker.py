@@ -37,7 +37,8 @@ from storage.checkpoint import write_atomic
 from .. import raycompat
 from ..errors import (BrokerIdInUseError, CoordinatorNotAvailableError, IllegalArgumentError,
                       InconsistentClusterIdError, NotControllerError, RequestTimedOutError,
-                      TopicAlreadyExistsError, ZooKeeperUnavailableError)
+                      SecurityDisabledError, TopicAlreadyExistsError,
+                      ZooKeeperUnavailableError)
 from ..protocol import (OFFSETS_TOPIC, broker_actor_name, controller_actor_name,
                         group_coordinator_actor_name, unwrap)
 from .admin_manager import AdminManager
@@ -46,6 +47,8 @@ from .broker_fetcher import BrokerFetcherManager, RayLocalReplicas
 from .fetcher import FetcherSettings
 from .controller import Controller
 from .group_coordinator import GroupCoordinator
+from .acl_handlers import AclApis
+from .authorizer import AclAdmin, AclFilter, AclWatcher, Authorizer, binding
 from .group_handlers import BrokerGroups, GroupApis
 from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
@@ -178,6 +181,9 @@ class Broker:
         self.backend: BrokerBackend | None = None
         self.cluster_id = None
         self._coordinator_lock = threading.Lock()
+        self.authorizer: Authorizer | None = None       # when authorizer.class.name is set
+        self.acl_admin: AclAdmin | None = None
+        self._acl_watcher: AclWatcher | None = None
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -205,6 +211,11 @@ class Broker:
             raise
         self.admin = AdminManager(self.store, wake_controller=self._wake_controller,
                                   live_brokers=self._live_brokers)
+        try:
+            self._start_authorizer()
+        except Exception:
+            self.zk.close()
+            raise
         try:
             node_host = ray.util.get_node_ip_address()
         except Exception:  # noqa: BLE001 - outside a Ray worker
@@ -242,6 +253,41 @@ class Broker:
         return {"broker_id": self.broker_id, "data_dir": self.data_dir, "host": host,
                 "port": port, "cluster_id": self.cluster_id}
 
+    def _start_authorizer(self) -> None:
+        """With ``authorizer.class.name`` set: the ACLs from ZooKeeper, kept in step by a
+        watcher, before the listener serves anything (authorizer.py)."""
+        self.authorizer = Authorizer.from_config(self.config)
+        if self.authorizer is not None:
+            self.acl_admin = AclAdmin(self.store)
+            self._acl_watcher = AclWatcher(
+                self.store, self.authorizer,
+                name=f"broker-{self.broker_id}-acls").start()
+
+    # -- ACLs (Admin.create_acl / delete_acl / list_acls) --------------------------------
+    def _acls(self) -> AclAdmin:
+        if self.acl_admin is None:
+            raise SecurityDisabledError(
+                "no authorizer is configured on this cluster: start it with "
+                "authorizer.class.name set (or secure=True) to use ACLs")
+        return self.acl_admin
+
+    def create_acls(self, bindings: list[dict]) -> None:
+        """Store the bindings (dicts of ``authorizer.binding``'s arguments)."""
+        made = [binding(**b) for b in bindings]
+        self._acls().create(made)
+
+    def delete_acls(self, bindings: list[dict]) -> list[dict]:
+        """Delete exactly the bindings given; answers those that existed."""
+        filters = []
+        for b in bindings:
+            x = binding(**b)
+            filters.append(AclFilter(x.resource_type, x.name, x.pattern_type, x.principal,
+                                     x.host, x.operation, x.permission))
+        return [b.as_dict() for gone in self._acls().delete(filters) for b in gone]
+
+    def list_acls(self) -> list[dict]:
+        return [b.as_dict() for b in self._acls().describe()]
+
     def _start_listener(self, node_host: str) -> tuple[str, int]:
         """Serve Kafka's protocol (handlers.KafkaApis over a BrokerBackend) on this
         process's own threads; (host, port) to advertise."""
@@ -254,7 +300,8 @@ class Broker:
             endpoint=BrokerEndpoint(self.broker_id, settings.host, settings.port),
             cluster_id=self.cluster_id)
         self.apis = KafkaApis(self.backend, groups=GroupApis(self.backend, BrokerGroups(
-            self.find_coordinator, lambda: self.coordinator, self.broker_id)))
+            self.find_coordinator, lambda: self.coordinator, self.broker_id)),
+            extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)])
         self.backend.on_change = self.apis.notify
         self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, settings)
@@ -441,6 +488,8 @@ class Broker:
         self._stopping.set()
         self.fetchers.close()
         self._stop_listener()
+        if self._acl_watcher is not None:
+            self._acl_watcher.close()
         if self.controller is not None:
             try:
                 ray.get(self.controller.close.remote(), timeout=10)

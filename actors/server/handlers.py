@@ -284,7 +284,8 @@ class KafkaApis:
     """The request handler a ``network.SocketServer`` calls (see the module docstring)."""
 
     def __init__(self, backend: Backend, *, purgatory: Purgatory | None = None,
-                 clock: Callable[[], float] = time.monotonic, groups=None):
+                 clock: Callable[[], float] = time.monotonic, groups=None,
+                 extra: Iterable = ()):
         self.backend = backend
         self._clock = clock
         self._own_purgatory = purgatory is None
@@ -299,6 +300,8 @@ class KafkaApis:
         }
         if groups is not None:      # the group APIs (group_handlers.GroupApis)
             self._handlers.update(groups.handlers())
+        for apis in extra:          # more APIs, each with its own handlers() (ACLs, ...)
+            self._handlers.update(apis.handlers())
 
     def close(self) -> None:
         if self._own_purgatory:

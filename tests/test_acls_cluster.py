@@ -1,0 +1,151 @@
+"""ACLs on a running cluster: raykafka's Admin and the Kafka admin clients (kafka-python,
+confluent-kafka) create, list and delete the same bindings, stored in ZooKeeper as Kafka's
+ZooKeeper authorizer stored them; the ACL APIs without an authorizer. One 1-broker cluster
+with an authorizer for the module."""
+
+from __future__ import annotations
+
+import itertools
+import types
+
+import pytest
+
+from actors import Cluster, wire
+from actors.errors import IllegalArgumentError
+from actors.server.acl_handlers import AclApis
+from tests.cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # noqa: F401
+                                   wait_until, zk_client, zk_json)
+
+ck = pytest.importorskip("confluent_kafka")
+import confluent_kafka.admin  # noqa: E402  (ck.admin)
+kafka = pytest.importorskip("kafka")
+
+CONFIG = {**FAST_CONFIG, "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
+          "allow.everyone.if.no.acl.found": "true"}
+_names = (f"acl-t{i}" for i in itertools.count())
+
+
+@pytest.fixture(scope="module")
+def cluster(local_ray):  # noqa: F811
+    c = Cluster.start(1, namespace=unique_namespace("acls"), config=dict(CONFIG))
+    yield c
+    c.shutdown()
+
+
+def test_admin_creates_lists_and_deletes_acls_in_kafkas_layout(cluster):
+    """Admin.create_acl stores the binding at /kafka-acl/Topic/<t> in Kafka's JSON;
+    list_acls shows it in the API's words; delete_acl removes exactly it."""
+    admin, topic = cluster.admin(), next(_names)
+    admin.create_acl("User:alice", "topic", topic, "read")
+    admin.create_acl("User:bob", "topic", topic, "write", permission="deny")
+    zk = zk_client(cluster)
+    try:
+        body = zk_json(zk, f"/kafka-acl/Topic/{topic}")
+        assert {(a["principal"], a["operation"], a["permissionType"]) for a in body["acls"]} \
+            == {("User:alice", "Read", "Allow"), ("User:bob", "Write", "Deny")}
+    finally:
+        zk.stop()
+        zk.close()
+    mine = [a for a in admin.list_acls() if a["resource_name"] == topic]
+    assert {"principal": "User:alice", "host": "*", "resource_type": "topic",
+            "resource_name": topic, "pattern_type": "literal", "operation": "read",
+            "permission": "allow"} in mine
+    assert admin.delete_acl("User:bob", "topic", topic, "write", permission="deny")
+    assert not admin.delete_acl("User:bob", "topic", topic, "write", permission="deny")
+    assert [a["principal"] for a in admin.list_acls() if a["resource_name"] == topic] == \
+        ["User:alice"]
+
+
+def test_admin_refuses_bad_words_with_a_typed_error(cluster):
+    """A bad resource type, operation, permission or principal is IllegalArgumentError."""
+    admin = cluster.admin()
+    for args in [("User:a", "table", "t", "read"), ("User:a", "topic", "t", "fly"),
+                 ("alice", "topic", "t", "read")]:
+        with pytest.raises(IllegalArgumentError):
+            admin.create_acl(*args)
+    with pytest.raises(IllegalArgumentError):
+        admin.create_acl("User:a", "topic", "t", "read", permission="maybe")
+
+
+def test_kafka_python_and_confluent_admin_clients_manage_the_same_acls(cluster):
+    """kafka-python's create_acls and confluent-kafka's create_acls write bindings that
+    Admin.list_acls and the other client's describe_acls see; delete_acls answers the
+    bindings it removed."""
+    from kafka.admin import (ACL, ACLFilter, ACLOperation, ACLPermissionType,
+                             ACLResourcePatternType, KafkaAdminClient, ResourcePattern,
+                             ResourcePatternFilter, ResourceType)
+    topic = next(_names)
+    kp = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
+    try:
+        made = kp.create_acls([ACL("User:kp", "*", ACLOperation.WRITE, ACLPermissionType.ALLOW,
+                                   ResourcePattern(ResourceType.TOPIC, topic,
+                                                   ACLResourcePatternType.PREFIXED))])
+        assert made["failed"] == [] and len(made["succeeded"]) == 1
+
+        cadmin = ck.admin.AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+        binding = ck.admin.AclBinding(ck.admin.ResourceType.GROUP, "g-" + topic,
+                                      ck.admin.ResourcePatternType.LITERAL, "User:ck", "*",
+                                      ck.admin.AclOperation.READ,
+                                      ck.admin.AclPermissionType.ALLOW)
+        for f in cadmin.create_acls([binding]).values():
+            assert f.result(timeout=30) is None
+        found = cadmin.describe_acls(ck.admin.AclBindingFilter(
+            ck.admin.ResourceType.TOPIC, topic, ck.admin.ResourcePatternType.MATCH, None,
+            None, ck.admin.AclOperation.ANY, ck.admin.AclPermissionType.ANY)).result(30)
+        assert [(b.principal, b.name, b.resource_pattern_type) for b in found] == \
+            [("User:kp", topic, ck.admin.ResourcePatternType.PREFIXED)]
+
+        acls, err = kp.describe_acls(ACLFilter(
+            None, None, ACLOperation.ANY, ACLPermissionType.ANY,
+            ResourcePatternFilter(ResourceType.GROUP, "g-" + topic,
+                                  ACLResourcePatternType.ANY)))
+        assert err is kafka.errors.NoError
+        assert [(a.principal, a.operation) for a in acls] == [("User:ck", ACLOperation.READ)]
+        listed = {(a["principal"], a["resource_type"], a["pattern_type"])
+                  for a in cluster.admin().list_acls()}
+        assert {("User:kp", "topic", "prefixed"), ("User:ck", "group", "literal")} <= listed
+
+        (result,) = kp.delete_acls([ACLFilter(
+            "User:ck", None, ACLOperation.ANY, ACLPermissionType.ANY,
+            ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY))])
+        _filter, matched, err = result
+        assert err is kafka.errors.NoError
+        assert [(acl.principal, acl.resource_pattern.resource_name) for acl in matched] \
+            == [("User:ck", "g-" + topic)]
+    finally:
+        kp.close()
+
+
+def test_an_invalid_binding_fails_alone(cluster):
+    """A prefixed '*' in one creation answers INVALID_REQUEST for it while the other
+    creation of the same request is stored (confluent-kafka)."""
+    topic = next(_names)
+    cadmin = ck.admin.AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    good = ck.admin.AclBinding(ck.admin.ResourceType.TOPIC, topic,
+                               ck.admin.ResourcePatternType.LITERAL, "User:x", "*",
+                               ck.admin.AclOperation.READ, ck.admin.AclPermissionType.ALLOW)
+    bad = ck.admin.AclBinding(ck.admin.ResourceType.TOPIC, "*",
+                              ck.admin.ResourcePatternType.PREFIXED, "User:x", "*",
+                              ck.admin.AclOperation.READ, ck.admin.AclPermissionType.ALLOW)
+    futures = cadmin.create_acls([good, bad])
+    assert futures[good].result(timeout=30) is None
+    with pytest.raises(ck.KafkaException) as info:
+        futures[bad].result(timeout=30)
+    assert info.value.args[0].code() == ck.KafkaError.INVALID_REQUEST
+    assert any(a["resource_name"] == topic for a in cluster.admin().list_acls())
+
+
+def test_without_an_authorizer_the_acl_apis_answer_security_disabled():
+    """No authorizer configured: every ACL API answers SECURITY_DISABLED."""
+    apis = AclApis(lambda: None, lambda: None)
+    header = wire.RequestHeader(wire.CREATE_ACLS, 3, 7, "t")
+    body = {"creations": [{"resource_type": 2, "resource_name": "t",
+                           "resource_pattern_type": 3, "principal": "User:a", "host": "*",
+                           "operation": 3, "permission_type": 3}]}
+    frame = wire.encode_request(header, body)
+    h, pos = wire.decode_request_header(memoryview(frame)[4:])
+    request = types.SimpleNamespace(header=h, body=memoryview(frame)[4:][pos:],
+                                    client=("127.0.0.1", 1))
+    parts = apis.create_acls(request)
+    _, answer = wire.decode_response(wire.CREATE_ACLS, 3, b"".join(bytes(p) for p in parts)[4:])
+    assert answer["results"][0]["error_code"] == wire.ERRORS_BY_NAME["SECURITY_DISABLED"].code
