@@ -1,7 +1,8 @@
 """ACLs on a running cluster: raykafka's Admin and the Kafka admin clients (kafka-python,
 confluent-kafka) create, list and delete the same bindings, stored in ZooKeeper as Kafka's
-ZooKeeper authorizer stored them; the ACL APIs without an authorizer. One 1-broker cluster
-with an authorizer for the module."""
+ZooKeeper authorizer stored them; the ACL APIs without an authorizer; ZooKeeper ACLs
+(zookeeper.set.acl). One 1-broker cluster with an authorizer and ZooKeeper ACLs for the
+module."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import confluent_kafka.admin  # noqa: E402  (ck.admin)
 kafka = pytest.importorskip("kafka")
 
 CONFIG = {**FAST_CONFIG, "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
-          "allow.everyone.if.no.acl.found": "true"}
+          "allow.everyone.if.no.acl.found": "true",
+          "zookeeper.set.acl": "true", "zookeeper.auth.digest": "raykafka:s3cret"}
 _names = (f"acl-t{i}" for i in itertools.count())
 
 
@@ -149,3 +151,44 @@ def test_without_an_authorizer_the_acl_apis_answer_security_disabled():
     parts = apis.create_acls(request)
     _, answer = wire.decode_response(wire.CREATE_ACLS, 3, b"".join(bytes(p) for p in parts)[4:])
     assert answer["results"][0]["error_code"] == wire.ERRORS_BY_NAME["SECURITY_DISABLED"].code
+
+
+def test_with_zookeeper_acls_only_the_cluster_changes_its_registry(cluster):
+    """zookeeper.set.acl: the cluster works (a topic created, produced to and read back)
+    while a ZooKeeper client without the cluster's credential reads the registry but
+    cannot change /brokers or /controller, and cannot write the chroot; the old
+    consumers' /consumers stays open."""
+    from kazoo.exceptions import NoAuthError
+    topic = next(_names)
+    cluster.admin().create_topic(topic, partitions=1, replication_factor=1)
+    producer = ck.Producer({"bootstrap.servers": cluster.bootstrap_servers})
+    producer.produce(topic, b"v")
+    assert producer.flush(30) == 0
+    consumer = ck.Consumer({"bootstrap.servers": cluster.bootstrap_servers,
+                            "group.id": "g-" + topic, "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        msg = wait_until(lambda: consumer.poll(1.0), timeout_s=60, what="the record")
+        assert msg.value() == b"v"
+    finally:
+        consumer.close()
+    zk = zk_client(cluster)
+    try:
+        assert zk_json(zk, f"/brokers/topics/{topic}")["partitions"] == {"0": [0]}
+        for attempt in (lambda: zk.set(f"/brokers/topics/{topic}", b"{}"),
+                        lambda: zk.delete("/controller"),
+                        lambda: zk.create("/brokers/ids/99", b"{}"),
+                        lambda: zk.create("/admin/delete_topics/" + topic)):
+            with pytest.raises(NoAuthError):
+                attempt()
+        zk.create(f"/consumers/old-{topic}", b"", makepath=True)
+    finally:
+        zk.stop()
+        zk.close()
+    authed = zk_client(cluster)
+    try:
+        authed.add_auth("digest", CONFIG["zookeeper.auth.digest"])
+        authed.set(f"/brokers/topics/{topic}", authed.get(f"/brokers/topics/{topic}")[0])
+    finally:
+        authed.stop()
+        authed.close()

@@ -30,7 +30,7 @@ from coordination.election import read_controller
 from coordination.errors import BrokerIdInUseError as ZkBrokerIdInUseError
 from coordination.errors import CoordinationError, NodeMissingError, ZkUnavailableError
 from coordination.registry import BrokerRegistration
-from coordination.session import ZkSettings, connect
+from coordination.session import ZkSettings, connect, digest_from_config
 from coordination.store import ZkStore
 from storage.checkpoint import write_atomic
 
@@ -195,8 +195,12 @@ class Broker:
         session_s = float(self.config.get("zookeeper.session.timeout.ms", 6000)) / 1000
         if wait_for_stale_s is None:
             wait_for_stale_s = session_s * 3 + 10 if self.ran_here_before else 0.0
+        try:
+            digest = digest_from_config(self.config)
+        except ValueError as exc:
+            raise IllegalArgumentError(str(exc)) from None
         settings = ZkSettings(hosts=self.conf["zk_hosts"], namespace=self.namespace,
-                              session_timeout_s=session_s)
+                              session_timeout_s=session_s, digest=digest)
         try:
             self.zk = connect(settings)
             self.store = ZkStore(self.zk)
