@@ -192,3 +192,72 @@ def test_with_zookeeper_acls_only_the_cluster_changes_its_registry(cluster):
     finally:
         authed.stop()
         authed.close()
+
+
+def _deny_and_wait(cluster, resource_type, name, operation, probe):
+    """Deny User:ANONYMOUS (every unauthenticated client) ``operation`` on the resource
+    and wait until ``probe()`` (True once refused) sees the broker apply it."""
+    cluster.admin().create_acl("User:ANONYMOUS", resource_type, name, operation,
+                               permission="deny")
+    wait_until(probe, timeout_s=30, what=f"the deny of {operation} on {name} applied")
+
+
+def test_a_denied_write_is_topic_authorization_failed_and_stores_nothing(cluster):
+    """Once denied, producing to a topic the principal may not write fails with
+    TOPIC_AUTHORIZATION_FAILED (confluent-kafka) and appends nothing, while the same
+    producer's record to another topic is stored."""
+    topic, other = next(_names), next(_names)
+    for t in (topic, other):
+        cluster.admin().create_topic(t, partitions=1, replication_factor=1)
+
+    def refused():
+        errors = []
+        p = ck.Producer({"bootstrap.servers": cluster.bootstrap_servers,
+                         "message.timeout.ms": 5000})
+        p.produce(topic, b"x", on_delivery=lambda err, msg: errors.append(err))
+        p.produce(other, b"y", on_delivery=lambda err, msg: errors.append(err))
+        p.flush(10)
+        codes = {e.code() if e else None for e in errors}
+        return ck.KafkaError.TOPIC_AUTHORIZATION_FAILED in codes and None in codes
+
+    _deny_and_wait(cluster, "topic", topic, "write", refused)
+    before = cluster.admin().describe_topics([topic, other])
+    assert refused()
+    after = cluster.admin().describe_topics([topic, other])
+    assert after[topic][0]["log_end_offset"] == before[topic][0]["log_end_offset"]
+    assert after[other][0]["log_end_offset"] == before[other][0]["log_end_offset"] + 1
+
+
+def test_a_topic_without_describe_is_absent_from_metadata(cluster):
+    """Metadata leaves a topic the principal may not describe out of a listing and answers
+    TOPIC_AUTHORIZATION_FAILED when it is asked for by name (kafka-python)."""
+    topic = next(_names)
+    cluster.admin().create_topic(topic, partitions=1, replication_factor=1)
+    probe = ck.Producer({"bootstrap.servers": cluster.bootstrap_servers})
+    _deny_and_wait(cluster, "topic", topic, "describe",
+                   lambda: topic not in probe.list_topics(timeout=10).topics)
+    md = probe.list_topics(topic, timeout=10).topics[topic]
+    assert md.error is not None and md.error.code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_a_group_without_read_is_group_authorization_failed(cluster):
+    """A consumer joining a group it may not read gets GROUP_AUTHORIZATION_FAILED."""
+    topic, group = next(_names), "denied-" + next(_names)
+    cluster.admin().create_topic(topic, partitions=1, replication_factor=1)
+
+    def refused():
+        c = ck.Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": group,
+                         "session.timeout.ms": 6000})
+        try:
+            c.subscribe([topic])
+            for _ in range(10):
+                msg = c.poll(0.5)
+                if msg is not None and msg.error() is not None:
+                    return msg.error().code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED
+            return False
+        except ck.KafkaException as exc:
+            return exc.args[0].code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED
+        finally:
+            c.close()
+
+    _deny_and_wait(cluster, "group", group, "read", refused)

@@ -17,10 +17,8 @@ from coordination import zk_layout as L
 
 from .. import wire
 from ..errors import IllegalArgumentError, KafkaError
-from .authorizer import AclAdmin, AclBinding, AclFilter, Authorizer, binding
+from .authorizer import AclAdmin, AclBinding, AclFilter, Authorizer, binding, principal_of
 from .network import Request
-
-ANONYMOUS = "User:ANONYMOUS"
 
 # Kafka's wire codes (ResourceType, PatternType, AclOperation, AclPermissionType)
 _UNKNOWN, _ANY = 0, 1
@@ -34,15 +32,6 @@ OPERATIONS = {2: "All", 3: "Read", 4: "Write", 5: "Create", 6: "Delete", 7: "Alt
 PERMISSIONS = {2: "Deny", 3: "Allow"}
 _CODES = {**{v: k for k, v in RESOURCE_TYPES.items()}, **{v: k for k, v in PATTERN_TYPES.items()},
           **{v: k for k, v in OPERATIONS.items()}, **{v: k for k, v in PERMISSIONS.items()}}
-
-
-def principal_of(request: Request) -> tuple[str, str]:
-    """(principal, host) of a request's connection: ``User:ANONYMOUS`` until it has
-    authenticated (the listener sets ``request.principal``)."""
-    principal = getattr(request, "principal", None) or ANONYMOUS
-    client = request.client
-    host = client[0] if isinstance(client, tuple) and client else str(client or "")
-    return principal, host
 
 
 def _word(table: dict, code: int, what: str, *, any_ok: bool) -> str | None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from coordination import zk_layout as L
 from coordination.errors import CoordinationError, VersionConflictError, ZkUnavailableError
@@ -47,6 +47,8 @@ from ..errors import IllegalArgumentError, ZooKeeperUnavailableError
 log = logging.getLogger(__name__)
 
 WILDCARD = "*"
+ANONYMOUS = "User:ANONYMOUS"
+CLUSTER = L.CLUSTER_RESOURCE_NAME
 WILDCARD_PRINCIPAL_TYPE_NAME = "*"
 #: the operations an Allow of the key also grants (Kafka's implied operations)
 _IMPLIED_BY = {
@@ -54,6 +56,40 @@ _IMPLIED_BY = {
     "DescribeConfigs": frozenset({"DescribeConfigs", "AlterConfigs", "All"}),
 }
 _CACHE_LIMIT = 100_000
+
+
+def principal_of(request) -> tuple[str, str]:
+    """(principal, host) of a request's connection: ``User:ANONYMOUS`` until it has
+    authenticated (the listener sets ``request.principal``)."""
+    principal = getattr(request, "principal", None) or ANONYMOUS
+    client = request.client
+    host = client[0] if isinstance(client, tuple) and client else str(client or "")
+    return principal, host
+
+
+class Access:
+    """The request handlers' view of the broker's authorizer (``authorizer()``: the
+    Authorizer, or None when none is configured: then everything is allowed)."""
+
+    def __init__(self, authorizer: Callable[[], "Authorizer | None"] = lambda: None):
+        self._authorizer = authorizer
+
+    @property
+    def enabled(self) -> bool:
+        return self._authorizer() is not None
+
+    def allowed(self, request, operation: str, resource_type: str, name: str) -> bool:
+        authorizer = self._authorizer()
+        if authorizer is None:
+            return True
+        principal, host = principal_of(request)
+        return authorizer.authorize(principal, host, operation, resource_type, name)
+
+    def denied(self, request, operation: str, resource_type: str, names) -> set[str]:
+        """Those of ``names`` the request's principal may not ``operation``."""
+        if self._authorizer() is None:
+            return set()
+        return {n for n in names if not self.allowed(request, operation, resource_type, n)}
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from .fetcher import FetcherSettings
 from .controller import Controller
 from .group_coordinator import GroupCoordinator
 from .acl_handlers import AclApis
-from .authorizer import AclAdmin, AclFilter, AclWatcher, Authorizer, binding
+from .authorizer import Access, AclAdmin, AclFilter, AclWatcher, Authorizer, binding
 from .group_handlers import BrokerGroups, GroupApis
 from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
@@ -303,9 +303,11 @@ class Broker:
             replicas=RayReplicaLookup(self.replica_manager),
             endpoint=BrokerEndpoint(self.broker_id, settings.host, settings.port),
             cluster_id=self.cluster_id)
+        access = Access(lambda: self.authorizer)
         self.apis = KafkaApis(self.backend, groups=GroupApis(self.backend, BrokerGroups(
-            self.find_coordinator, lambda: self.coordinator, self.broker_id)),
-            extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)])
+            self.find_coordinator, lambda: self.coordinator, self.broker_id), access),
+            extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)],
+            authorizer=lambda: self.authorizer)
         self.backend.on_change = self.apis.notify
         self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, settings)
