@@ -647,8 +647,9 @@ def _fmt_acl(a: dict) -> str:
 
 
 def cmd_acls(args) -> int:
+    binding = _acl_args(args) if args.acls_command != "list" else None
     admin = connect(args.namespace).admin()
-    if args.acls_command == "list":
+    if binding is None:
         rows = [a for a in admin.list_acls()
                 if args.principal in (None, a["principal"])
                 and (args.topic is None or (a["resource_type"], a["resource_name"])
@@ -656,7 +657,6 @@ def cmd_acls(args) -> int:
         for a in rows:
             print(_fmt_acl(a))
         return 0
-    binding = _acl_args(args)
     if args.acls_command == "add":
         admin.create_acl(**binding)
         print(f"Added: {_fmt_acl(binding)}")
