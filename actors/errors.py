@@ -180,6 +180,22 @@ class NonEmptyGroupError(KafkaError):
     """The group has members: it cannot be deleted, nor its offsets deleted."""
 
 
+class TopicAuthorizationFailedError(KafkaError):
+    """The principal may not do this to the topic (an ACL of the authorizer)."""
+
+
+class GroupAuthorizationFailedError(KafkaError):
+    """The principal may not do this to the consumer group (an ACL of the authorizer)."""
+
+
+class ClusterAuthorizationFailedError(KafkaError):
+    """The principal may not do this to the cluster (an ACL of the authorizer)."""
+
+
+class SecurityDisabledError(KafkaError):
+    """The cluster has no authorizer: there are no ACLs to create, delete or list."""
+
+
 class InvalidCheckpointError(KafkaError):
     """A streaming job's checkpoint directory cannot be used: a log file in it is damaged,
     it was made for other topics, or another query is running on it."""
@@ -204,5 +220,7 @@ __all__ = [
     "CoordinatorLoadInProgressError", "UnknownMemberIdError", "IllegalGenerationError",
     "RebalanceInProgressError", "InconsistentGroupProtocolError", "FencedInstanceIdError",
     "InvalidSessionTimeoutError", "GroupIdNotFoundError", "NonEmptyGroupError",
-    "InvalidCheckpointError",
+    "InvalidCheckpointError", "TopicAuthorizationFailedError",
+    "GroupAuthorizationFailedError", "ClusterAuthorizationFailedError",
+    "SecurityDisabledError",
 ]

@@ -75,6 +75,10 @@ ALTER_CONFIGS = 33
 CREATE_PARTITIONS = 37
 INCREMENTAL_ALTER_CONFIGS = 44
 DESCRIBE_CLUSTER = 60
+# ACLs (actors/server/acl_handlers.py)
+DESCRIBE_ACLS = 29
+CREATE_ACLS = 30
+DELETE_ACLS = 31
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -107,6 +111,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     CREATE_PARTITIONS: (0, 3),
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DESCRIBE_CLUSTER: (0, 2),
+    # ACLs: Kafka 4 dropped v0 (its pattern type is implicitly LITERAL)
+    DESCRIBE_ACLS: (1, 3),
+    CREATE_ACLS: (1, 3),
+    DELETE_ACLS: (1, 3),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -122,7 +130,10 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              DELETE_RECORDS: "DeleteRecords", DESCRIBE_CONFIGS: "DescribeConfigs",
              ALTER_CONFIGS: "AlterConfigs", CREATE_PARTITIONS: "CreatePartitions",
              INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
-             DESCRIBE_CLUSTER: "DescribeCluster"}
+             DESCRIBE_CLUSTER: "DescribeCluster",
+             # -- ACLs
+             DESCRIBE_ACLS: "DescribeAcls", CREATE_ACLS: "CreateAcls",
+             DELETE_ACLS: "DeleteAcls"}
 
 
 class InvalidRequestError(KafkaError):
@@ -623,6 +634,67 @@ DescribeClusterResponse 60 flexible:0+
     rack string 0+ null:0+
     is_fenced bool 2+
   cluster_authorized_operations int32 0+ =-2147483648
+DescribeAclsRequest 29 flexible:2+
+  resource_type_filter int8 0+
+  resource_name_filter string 0+ null:0+
+  pattern_type_filter int8 1+ =3
+  principal_filter string 0+ null:0+
+  host_filter string 0+ null:0+
+  operation int8 0+
+  permission_type int8 0+
+DescribeAclsResponse 29 flexible:2+
+  throttle_time_ms int32 0+
+  error_code int16 0+
+  error_message string 0+ null:0+
+  resources [] 0+
+    resource_type int8 0+
+    resource_name string 0+
+    pattern_type int8 1+ =3
+    acls [] 0+
+      principal string 0+
+      host string 0+
+      operation int8 0+
+      permission_type int8 0+
+
+CreateAclsRequest 30 flexible:2+
+  creations [] 0+
+    resource_type int8 0+
+    resource_name string 0+
+    resource_pattern_type int8 1+ =3
+    principal string 0+
+    host string 0+
+    operation int8 0+
+    permission_type int8 0+
+CreateAclsResponse 30 flexible:2+
+  throttle_time_ms int32 0+
+  results [] 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+
+DeleteAclsRequest 31 flexible:2+
+  filters [] 0+
+    resource_type_filter int8 0+
+    resource_name_filter string 0+ null:0+
+    pattern_type_filter int8 1+ =3
+    principal_filter string 0+ null:0+
+    host_filter string 0+ null:0+
+    operation int8 0+
+    permission_type int8 0+
+DeleteAclsResponse 31 flexible:2+
+  throttle_time_ms int32 0+
+  filter_results [] 0+
+    error_code int16 0+
+    error_message string 0+ null:0+
+    matching_acls [] 0+
+      error_code int16 0+
+      error_message string 0+ null:0+
+      resource_type int8 0+
+      resource_name string 0+
+      pattern_type int8 1+ =3
+      principal string 0+
+      host string 0+
+      operation int8 0+
+      permission_type int8 0+
 """
 
 _NO_MAX = 1 << 15
@@ -1446,6 +1518,10 @@ _TYPED = {
     "InconsistentClusterIdError": "INCONSISTENT_CLUSTER_ID",
     "KafkaTimeoutError": "REQUEST_TIMED_OUT",       # the client's own; the wire's is 7
     "NetworkError": "NETWORK_EXCEPTION",
+    "TopicAuthorizationFailedError": "TOPIC_AUTHORIZATION_FAILED",
+    "GroupAuthorizationFailedError": "GROUP_AUTHORIZATION_FAILED",
+    "ClusterAuthorizationFailedError": "CLUSTER_AUTHORIZATION_FAILED",
+    "SecurityDisabledError": "SECURITY_DISABLED",
 }
 _CLASS_CODES: dict[type, int] = {}
 _CODE_CLASSES: dict[int, type] = {}
@@ -1502,6 +1578,7 @@ __all__ = [
     "LEAVE_GROUP", "SYNC_GROUP", "DESCRIBE_GROUPS", "LIST_GROUPS", "DELETE_GROUPS",
     "CREATE_TOPICS", "DELETE_TOPICS", "DELETE_RECORDS", "DESCRIBE_CONFIGS", "ALTER_CONFIGS",
     "CREATE_PARTITIONS", "INCREMENTAL_ALTER_CONFIGS", "DESCRIBE_CLUSTER",
+    "DESCRIBE_ACLS", "CREATE_ACLS", "DELETE_ACLS",
     "SUPPORTED_VERSIONS", "API_NAMES", "InvalidRequestError", "BrokerResponseError",
     "RequestHeader", "ErrorCode", "ERRORS", "ERRORS_BY_NAME", "NONE", "error_code",
     "error_for_code", "decode_request_header", "decode_request_body", "decode_request",

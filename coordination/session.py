@@ -33,6 +33,7 @@ from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import Connect
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
+from kazoo.security import CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE
 
 from coordination.errors import ZkSessionExpiredError, ZkUnavailableError
 from coordination.zk_layout import chroot_for, split_connect
@@ -61,6 +62,14 @@ class ZkSettings:
     #: (divided by the number of hosts), which loses the session when a server accepts the
     #: connection but never answers (see `_BoundedHandshake`).
     handshake_timeout_s: float | None = None
+    #: "user:password": the session authenticates with ZooKeeper's digest scheme and
+    #: creates every znode with Kafka's secure ACLs (``secure_acl``): only this credential
+    #: changes the registry. None: open ACLs, as Kafka without zookeeper.set.acl.
+    digest: str | None = None
+
+    def __repr__(self) -> str:           # never print the credential
+        return (f"ZkSettings(hosts={self.hosts!r}, namespace={self.namespace!r}, "
+                f"digest={'<set>' if self.digest else None})")
 
     @property
     def handshake_timeout(self) -> float:
@@ -87,6 +96,44 @@ class ZkSettings:
         return self.servers + self.chroot
 
 
+#: Paths (relative to the chroot) nobody but the cluster may read: credentials and broker
+#: secrets (Kafka's ZkData.SensitiveRootPaths).
+SENSITIVE_PATHS = ("/config/users", "/config/brokers")
+#: Kept open, as Kafka keeps the old consumers' path: ZooKeeper-based consumers (the seed's
+#: high-level consumer, actors/client/zk_consumer.py) register and commit there without
+#: the cluster's credential.
+OPEN_PATHS = ("/consumers",)
+
+
+def _under(path: str, roots) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+
+def secure_acl(path: str) -> list:
+    """Kafka's ACL for a znode of a secured cluster (ZkData.defaultAcls): all rights for
+    the creator's credential, read for everyone except on sensitive paths; the old
+    consumers' path stays open."""
+    if _under(path, OPEN_PATHS):
+        return list(OPEN_ACL_UNSAFE)
+    if _under(path, SENSITIVE_PATHS):
+        return list(CREATOR_ALL_ACL)
+    return list(CREATOR_ALL_ACL) + list(READ_ACL_UNSAFE)
+
+
+def digest_from_config(config: dict) -> str | None:
+    """The ZooKeeper credential a broker's config asks for: ``zookeeper.auth.digest``
+    ("user:password") when ``zookeeper.set.acl`` is true, else None. ValueError when ACLs
+    are asked for without a credential."""
+    if str(config.get("zookeeper.set.acl", "false")).strip().lower() != "true":
+        return None
+    digest = str(config.get("zookeeper.auth.digest") or "")
+    user, sep, password = digest.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("zookeeper.set.acl=true needs zookeeper.auth.digest as "
+                         "user:password (the cluster's ZooKeeper credential)")
+    return digest
+
+
 def _translate(exc: BaseException, what: str) -> BaseException:
     if isinstance(exc, SessionExpiredError):
         return ZkSessionExpiredError(f"{what}: ZooKeeper session expired")
@@ -102,9 +149,11 @@ class ZkClient:
     Owns the KazooClient it was given: `close` stops it.
     """
 
-    def __init__(self, kazoo: KazooClient, *, op_timeout_s: float = 10.0):
+    def __init__(self, kazoo: KazooClient, *, op_timeout_s: float = 10.0,
+                 secure: bool = False):
         self.kazoo = kazoo
         self.op_timeout_s = op_timeout_s
+        self.secure = secure            # create znodes with secure_acl (ZkSettings.digest)
 
     # -- session -------------------------------------------------------------------------
 
@@ -174,7 +223,8 @@ class ZkClient:
                sequence: bool = False, makepath: bool = False,
                timeout_s: float | None = None) -> str:
         """Returns the created path (with the sequence suffix when `sequence`)."""
-        return self._wait(self.kazoo.create_async(path, value, ephemeral=ephemeral,
+        acl = secure_acl(path) if self.secure else None
+        return self._wait(self.kazoo.create_async(path, value, acl=acl, ephemeral=ephemeral,
                                                   sequence=sequence, makepath=makepath),
                           f"create {path}", timeout_s)
 
@@ -187,7 +237,9 @@ class ZkClient:
         self._wait(self.kazoo.delete_async(path, version=version), f"delete {path}", timeout_s)
 
     def ensure_path(self, path: str, *, timeout_s: float | None = None) -> None:
-        self._wait(self.kazoo.ensure_path_async(path), f"ensure_path {path}", timeout_s)
+        acl = secure_acl(path) if self.secure else None
+        self._wait(self.kazoo.ensure_path_async(path, acl=acl), f"ensure_path {path}",
+                   timeout_s)
 
     def commit(self, transaction, *, timeout_s: float | None = None) -> list:
         """Commit a `kazoo.transaction()`; returns kazoo's per-op results (an exception
@@ -254,10 +306,15 @@ class _BoundedHandshake(ConnectionHandler):
 def _kazoo_client(connection_string: str, settings: ZkSettings, *,
                   client_id: tuple[int, bytes] | None = None,
                   connection_retry: KazooRetry | None = None) -> KazooClient:
+    secure = {}
+    if settings.digest:
+        secure = {"auth_data": [("digest", settings.digest)],
+                  "default_acl": list(CREATOR_ALL_ACL) + list(READ_ACL_UNSAFE)}
     kazoo = KazooClient(
         hosts=connection_string,
         timeout=settings.session_timeout_s,
         client_id=client_id,
+        **secure,
         # Reconnect forever (the session's fate is decided by the server, not by us) but
         # quickly: a capped backoff.
         connection_retry=connection_retry or KazooRetry(
@@ -290,7 +347,8 @@ def ensure_chroot(settings: ZkSettings) -> None:
     bootstrap = _kazoo_client(settings.servers, settings)
     _start(bootstrap, settings.connect_timeout_s, f"connect {settings.servers}")
     try:
-        ZkClient(bootstrap, op_timeout_s=settings.op_timeout_s).ensure_path(chroot)
+        ZkClient(bootstrap, op_timeout_s=settings.op_timeout_s,
+                 secure=bool(settings.digest)).ensure_path(chroot)
     finally:
         bootstrap.stop()
         bootstrap.close()
@@ -302,7 +360,7 @@ def connect(settings: ZkSettings) -> ZkClient:
     ensure_chroot(settings)
     kazoo = _kazoo_client(settings.connection_string, settings)
     _start(kazoo, settings.connect_timeout_s, f"connect {settings.connection_string}")
-    return ZkClient(kazoo, op_timeout_s=settings.op_timeout_s)
+    return ZkClient(kazoo, op_timeout_s=settings.op_timeout_s, secure=bool(settings.digest))
 
 
 def end_session(settings: ZkSettings, credentials: tuple[int, bytes], *,

@@ -593,6 +593,75 @@ class ZkStore:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    # -- ACLs (Kafka's ZooKeeper authorizer layout, see zk_layout) -------------------------
+
+    def get_acls(self, resource_type: str, name: str, pattern_type: str = "LITERAL"
+                 ) -> tuple[frozenset, int]:
+        """A resource pattern's entries and its znode version (-1: no znode, no entries)."""
+        path = L.acl_resource_path(resource_type, name, pattern_type)
+        try:
+            data, stat = self.retry.run(lambda: self.zk.get(path))
+        except NoNodeError:
+            return frozenset(), -1
+        return L.decode_acls(path, data), stat.version
+
+    def set_acls(self, resource_type: str, name: str, pattern_type: str, entries,
+                 expected_version: int) -> None:
+        """Replace a pattern's entries if its znode is still at ``expected_version`` (-1:
+        absent), deleting the znode when none are left, then post a change notification
+        (Kafka's acl_changes_<seq>) that brokers watch. VersionConflictError when another
+        writer got there first: re-read and retry."""
+        path = L.acl_resource_path(resource_type, name, pattern_type)
+        entries = frozenset(entries)
+        try:
+            if expected_version < 0:
+                if not entries:
+                    return
+                self.zk.create(path, L.encode_acls(entries), makepath=True)
+            elif entries:
+                self.zk.set(path, L.encode_acls(entries), version=expected_version)
+            else:
+                self.zk.delete(path, version=expected_version)
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            raise VersionConflictError(path, expected_version) from None
+        self.retry.run(lambda: self.zk.create(
+            L.acl_change_path(pattern_type),
+            L.encode_acl_change(resource_type, name, pattern_type),
+            sequence=True, makepath=True))
+
+    def acl_patterns(self) -> list[tuple[str, str, str]]:
+        """Every stored resource pattern: (resource type, name, pattern type)."""
+        out = []
+        for pattern_type in L.ACL_PATTERN_TYPES:
+            for resource_type in L.ACL_RESOURCE_TYPES:
+                try:
+                    names = self._children(L.acl_type_path(resource_type, pattern_type), None)
+                except NodeMissingError:
+                    continue
+                out.extend((resource_type, n, pattern_type) for n in sorted(names))
+        return out
+
+    def acl_changes(self, *, watch: Watch = None) -> list[str]:
+        """The pending ACL change notifications of both stores, as paths (sorted by
+        store, then sequence); ``watch`` fires once on a change to either."""
+        out = []
+        for pattern_type in L.ACL_PATTERN_TYPES:
+            parent = L.acl_change_path(pattern_type).rsplit("/", 1)[0]
+            self.retry.run(lambda p=parent: self.zk.ensure_path(p))
+            out.extend(f"{parent}/{n}" for n in sorted(self._children(parent, watch)))
+        return out
+
+    def purge_acl_changes(self, older_than_ms: int, *, now_ms: int | None = None) -> int:
+        """Delete ACL change notifications older than ``older_than_ms`` (Kafka: 15 min)."""
+        now_ms = L.now_ms() if now_ms is None else now_ms
+        removed = 0
+        for path in self.acl_changes():
+            stat = self.retry.run(lambda p=path: self.zk.exists(p))
+            if stat is not None and now_ms - stat.ctime > older_than_ms:
+                self._delete_if_present(path)
+                removed += 1
+        return removed
+
     def _get(self, path: str, watch: Watch):
         try:
             return self.retry.run(lambda: self.zk.get(path, watch=watch))

@@ -481,3 +481,120 @@ def encode_owner(consumer_thread_id: str) -> bytes:
 
 def decode_owner(data: bytes | None) -> str:
     return (data or b"").decode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# ACLs (Kafka's ZooKeeper authorizer layout, AclAuthorizer / ZkData.scala):
+#
+#   /kafka-acl/<Type>/<name>                     literal patterns (name "*": every resource)
+#   /kafka-acl-extended/prefixed/<Type>/<name>   prefixed patterns
+#       {"version":1,"acls":[{"principal":"User:alice","permissionType":"Allow",
+#                             "operation":"Read","host":"*"}]}
+#   /kafka-acl-changes/acl_changes_<seq>         "<Type>:<name>" (a literal pattern changed)
+#   /kafka-acl-extended-changes/acl_changes_<seq>
+#       {"version":1,"resourceType":"<Type>","name":"<name>","patternType":"PREFIXED"}
+#
+# Words are Kafka's (its enums' toString): resource types Topic, Group, Cluster,
+# TransactionalId, DelegationToken, User; operations as ACL_OPERATIONS; Allow / Deny.
+
+ACL_PATH = "/kafka-acl"
+ACL_EXTENDED_PATH = "/kafka-acl-extended"
+ACL_CHANGES_PATH = "/kafka-acl-changes"
+ACL_EXTENDED_CHANGES_PATH = "/kafka-acl-extended-changes"
+ACL_CHANGE_PREFIX = "acl_changes_"
+ACL_RESOURCE_TYPES = ("Topic", "Group", "Cluster", "TransactionalId", "DelegationToken",
+                      "User")
+ACL_PATTERN_TYPES = ("LITERAL", "PREFIXED")
+ACL_OPERATIONS = ("All", "Read", "Write", "Create", "Delete", "Alter", "Describe",
+                  "ClusterAction", "DescribeConfigs", "AlterConfigs", "IdempotentWrite",
+                  "CreateTokens", "DescribeTokens")
+ACL_PERMISSIONS = ("Allow", "Deny")
+CLUSTER_RESOURCE_NAME = "kafka-cluster"
+
+
+@dataclass(frozen=True)
+class AclEntry:
+    """One access control entry of a resource pattern's znode."""
+    principal: str      # "User:alice", "User:*"
+    host: str           # "*" or an address
+    operation: str      # one of ACL_OPERATIONS
+    permission: str     # "Allow" or "Deny"
+
+    def __post_init__(self):
+        if self.operation not in ACL_OPERATIONS:
+            raise ValueError(f"unknown ACL operation {self.operation!r}")
+        if self.permission not in ACL_PERMISSIONS:
+            raise ValueError(f"unknown ACL permission type {self.permission!r}")
+        kind, sep, name = self.principal.partition(":")
+        if not sep or not kind or not name:
+            raise ValueError(f"a principal is TYPE:NAME (User:alice), got {self.principal!r}")
+
+
+def _acl_kind(resource_type: str, pattern_type: str) -> None:
+    if resource_type not in ACL_RESOURCE_TYPES:
+        raise ValueError(f"unknown ACL resource type {resource_type!r}")
+    if pattern_type not in ACL_PATTERN_TYPES:
+        raise ValueError(f"unknown ACL pattern type {pattern_type!r}")
+
+
+def acl_type_path(resource_type: str, pattern_type: str) -> str:
+    """The parent of every pattern of one resource and pattern type."""
+    _acl_kind(resource_type, pattern_type)
+    root = ACL_PATH if pattern_type == "LITERAL" else f"{ACL_EXTENDED_PATH}/prefixed"
+    return f"{root}/{resource_type}"
+
+
+def acl_resource_path(resource_type: str, name: str, pattern_type: str = "LITERAL") -> str:
+    return f"{acl_type_path(resource_type, pattern_type)}/{_name('resource name', name)}"
+
+
+def acl_change_path(pattern_type: str) -> str:
+    """The sequential node prefix of a change notification for a pattern type."""
+    changes = ACL_CHANGES_PATH if pattern_type == "LITERAL" else ACL_EXTENDED_CHANGES_PATH
+    return f"{changes}/{ACL_CHANGE_PREFIX}"
+
+
+def encode_acls(entries) -> bytes:
+    return _dump({"version": 1, "acls": [
+        {"principal": e.principal, "permissionType": e.permission, "operation": e.operation,
+         "host": e.host} for e in sorted(entries, key=lambda e: (e.principal, e.host,
+                                                                  e.operation, e.permission))]})
+
+
+def decode_acls(path: str, data: bytes | None) -> frozenset[AclEntry]:
+    obj = _load(path, data)
+    out = set()
+    for item in _req(path, obj, "acls", list):
+        if not isinstance(item, dict):
+            raise ZkDataError(f"{path}: an ACL entry must be an object, got {item!r}")
+        try:
+            out.add(AclEntry(_req(path, item, "principal", str), _req(path, item, "host", str),
+                             _req(path, item, "operation", str),
+                             _req(path, item, "permissionType", str)))
+        except ValueError as exc:
+            raise ZkDataError(f"{path}: {exc}") from None
+    return frozenset(out)
+
+
+def encode_acl_change(resource_type: str, name: str, pattern_type: str) -> bytes:
+    _acl_kind(resource_type, pattern_type)
+    if pattern_type == "LITERAL":
+        return f"{resource_type}:{name}".encode("utf-8")
+    return _dump({"version": 1, "resourceType": resource_type, "name": name,
+                  "patternType": pattern_type})
+
+
+def decode_acl_change(pattern_type: str, data: bytes | None) -> tuple[str, str, str]:
+    """(resource type, name, pattern type) of a change notification."""
+    path = acl_change_path(pattern_type)
+    if pattern_type == "LITERAL":
+        kind, sep, name = (data or b"").decode("utf-8", "replace").partition(":")
+        if not sep or kind not in ACL_RESOURCE_TYPES:
+            raise ZkDataError(f"{path}: bad ACL change {data!r}")
+        return kind, name, "LITERAL"
+    obj = _load(path, data)
+    kind, name = _req(path, obj, "resourceType", str), _req(path, obj, "name", str)
+    pattern = _req(path, obj, "patternType", str)
+    if kind not in ACL_RESOURCE_TYPES or pattern not in ACL_PATTERN_TYPES:
+        raise ZkDataError(f"{path}: bad ACL change {obj}")
+    return kind, name, pattern

@@ -132,8 +132,9 @@ def test_produce_from_stdin_and_consume_from_the_beginning(daemon):
 
 
 def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
-    """Bad topic names, impossible replication, unknown topics, bad configs and bad
-    arguments each print one line and exit non-zero (2 for argument errors)."""
+    """Bad topic names, impossible replication, unknown topics, bad configs, bad
+    arguments and ACLs on a cluster without an authorizer each print one line and exit
+    non-zero (2 for argument errors)."""
     assert_one_line_error(cli(daemon, "topics", "create", "bad name", "--partitions", "1",
                               "--replication-factor", "1"), 1, "InvalidTopicError")
     assert_one_line_error(cli(daemon, "topics", "create", "rf9", "--partitions", "1",
@@ -151,6 +152,10 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
     assert_one_line_error(cli(daemon, "topics", "alter", "x", "--config", "novalue"), 2,
                           "key=value")
     assert_one_line_error(cli(daemon, "consume", "x", "--group", ""), 2, "non-empty")
+    assert_one_line_error(cli(daemon, "acls", "add", "User:a", "--operation", "read"), 2,
+                          "exactly one resource")
+    assert_one_line_error(cli(daemon, "acls", "add", "User:a", "--operation", "read",
+                              "--topic", "t"), 1, "SecurityDisabledError")
 
 
 def test_consume_with_a_group_commits_and_groups_describe_shows_no_lag(daemon):

@@ -40,6 +40,9 @@ from kafka.protocol.admin import (AlterConfigsRequest, AlterConfigsResponse,  # 
                                   DescribeConfigsRequest, DescribeConfigsResponse,
                                   IncrementalAlterConfigsRequest,
                                   IncrementalAlterConfigsResponse)
+from kafka.protocol.admin import (CreateAclsRequest, CreateAclsResponse,  # noqa: E402
+                                  DeleteAclsRequest, DeleteAclsResponse,
+                                  DescribeAclsRequest, DescribeAclsResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -68,6 +71,9 @@ ORACLE = {
     wire.INCREMENTAL_ALTER_CONFIGS: (IncrementalAlterConfigsRequest,
                                      IncrementalAlterConfigsResponse),
     wire.DESCRIBE_CLUSTER: (DescribeClusterRequest, DescribeClusterResponse),
+    wire.DESCRIBE_ACLS: (DescribeAclsRequest, DescribeAclsResponse),
+    wire.CREATE_ACLS: (CreateAclsRequest, CreateAclsResponse),
+    wire.DELETE_ACLS: (DeleteAclsRequest, DeleteAclsResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]

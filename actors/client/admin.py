@@ -497,3 +497,41 @@ class Admin:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+    # -- ACLs (a cluster started with an authorizer: authorizer.class.name, secure=True) -----
+    @staticmethod
+    def _acl(principal, resource_type, resource_name, operation, permission, pattern_type,
+             host) -> dict:
+        return {"principal": principal, "resource_type": resource_type,
+                "resource_name": resource_name, "operation": operation,
+                "permission": permission, "pattern_type": pattern_type, "host": host}
+
+    def create_acl(self, principal: str, resource_type: str, resource_name: str,
+                   operation: str, permission: str = "allow", pattern_type: str = "literal",
+                   host: str = "*") -> None:
+        """Allow (or deny) ``principal`` (``"User:alice"``, ``"User:*"``) the
+        ``operation`` (``"read"``, ``"write"``, ``"create"``, ``"delete"``,
+        ``"describe"``, ``"alter"``, ``"describe_configs"``, ``"alter_configs"``,
+        ``"cluster_action"``, ``"idempotent_write"``, ``"all"``) on a resource
+        (``"topic"``, ``"group"``, ``"cluster"`` named ``"kafka-cluster"``,
+        ``"transactional_id"``), literal (``"*"``: all of that type) or prefixed; Kafka's
+        model and ZooKeeper layout. IllegalArgumentError for a bad word,
+        SecurityDisabledError when the cluster has no authorizer. Brokers apply it within
+        moments (they watch ZooKeeper's ACL change notifications)."""
+        self._call("create_acls", [self._acl(principal, resource_type, resource_name,
+                                             operation, permission, pattern_type, host)])
+
+    def delete_acl(self, principal: str, resource_type: str, resource_name: str,
+                   operation: str, permission: str = "allow", pattern_type: str = "literal",
+                   host: str = "*") -> bool:
+        """Delete exactly that binding (the arguments of ``create_acl``); whether it
+        existed."""
+        return bool(self._call("delete_acls", [self._acl(
+            principal, resource_type, resource_name, operation, permission, pattern_type,
+            host)]))
+
+    def list_acls(self) -> list[dict]:
+        """Every binding: dicts with ``principal``, ``host``, ``resource_type``,
+        ``resource_name``, ``pattern_type``, ``operation``, ``permission`` in the words
+        ``create_acl`` takes."""
+        return self._call("list_acls")

@@ -41,8 +41,10 @@ from typing import Any, Callable
 from storage import LogConfig
 
 from .. import wire
-from ..errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError
+from ..errors import (ClusterAuthorizationFailedError, InvalidConfigurationError, KafkaError,
+                      OffsetOutOfRangeError, TopicAuthorizationFailedError)
 from ..protocol import OFFSETS_TOPIC, validate_topic_name
+from .authorizer import CLUSTER, Access, principal_of
 from .handlers import DelayedOperation, Purgatory
 from .network import Request
 
@@ -160,8 +162,9 @@ class AdminApis:
     """The admin handlers (see the module docstring)."""
 
     def __init__(self, backend, admin, *, broker_id: int, broker_config: dict,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, access: Access | None = None):
         self.backend = backend
+        self.access = access or Access()     # Kafka's ACLs (authorizer.py)
         self.admin = admin
         self.broker_id = broker_id
         self.broker_config = dict(broker_config or {})
@@ -182,6 +185,15 @@ class AdminApis:
             wire.DESCRIBE_CLUSTER: self.describe_cluster,
         }
 
+    def _check(self, request, operation: str, resource_type: str, name: str) -> None:
+        """Raise Kafka's authorization error unless the request's principal may."""
+        if self.access.allowed(request, operation, resource_type, name):
+            return
+        error = {"Topic": TopicAuthorizationFailedError,
+                 "Cluster": ClusterAuthorizationFailedError}[resource_type]
+        raise error(f"{principal_of(request)[0]} may not {operation} "
+                    f"{resource_type.lower()} {name}")
+
     def metadata_changed(self) -> None:
         """The broker's metadata cache was replaced: answer the admin requests it settles."""
         self.purgatory.notify(_METADATA)
@@ -191,7 +203,7 @@ class AdminApis:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _run(self, request: Request, work: Callable[[dict, int], Any]
+    def _run(self, request: Request, work: Callable[[dict, int, Request], Any]
              ) -> concurrent.futures.Future:
         """The response frame of ``work(body, version)`` (a response body, or a ``_Wait``),
         run on the admin pool."""
@@ -201,7 +213,7 @@ class AdminApis:
         def run():
             try:
                 body = wire.decode_request_body(header, request.body, 0)
-                result = work(body, header.api_version)
+                result = work(body, header.api_version, request)
                 if isinstance(result, _Wait) and result.waits and result.timeout_ms > 0:
                     op = _DelayedAdmin(
                         self._clock() + result.timeout_ms / 1000.0, result.waits,
@@ -237,7 +249,7 @@ class AdminApis:
     def create_topics(self, request: Request):
         return self._run(request, self._create_topics)
 
-    def _create_topics(self, body: dict, version: int):
+    def _create_topics(self, body: dict, version: int, request=None):
         names = [t["name"] for t in body["topics"]]
         duplicated = {n for n in names if names.count(n) > 1}
         validate_only = body["validate_only"]
@@ -249,6 +261,8 @@ class AdminApis:
             try:
                 if name in duplicated:
                     raise _invalid(f"topic {name!r} is listed more than once")
+                if not self.access.allowed(request, "Create", "Cluster", CLUSTER):
+                    self._check(request, "Create", "Topic", name)
                 created = self._create_topic(t, validate_only)
             except Exception as exc:  # noqa: BLE001 - answered as its code
                 entry.update(_error(exc))
@@ -290,7 +304,7 @@ class AdminApis:
     def delete_topics(self, request: Request):
         return self._run(request, self._delete_topics)
 
-    def _delete_topics(self, body: dict, version: int):
+    def _delete_topics(self, body: dict, version: int, request=None):
         if version >= 6:
             asked = [(t["name"], t["topic_id"]) for t in body["topics"]]
         else:
@@ -301,6 +315,7 @@ class AdminApis:
             try:
                 if name is None:
                     raise _coded("UNKNOWN_TOPIC_ID", "topics are deleted by name here")
+                self._check(request, "Delete", "Topic", name)
                 self.admin.delete_topic(name)
             except Exception as exc:  # noqa: BLE001 - answered as its code
                 entry.update(_error(exc))
@@ -315,7 +330,7 @@ class AdminApis:
     def create_partitions(self, request: Request):
         return self._run(request, self._create_partitions)
 
-    def _create_partitions(self, body: dict, version: int):
+    def _create_partitions(self, body: dict, version: int, request=None):
         names = [t["name"] for t in body["topics"]]
         results, waits = [], []
         for t in body["topics"]:
@@ -323,6 +338,7 @@ class AdminApis:
             try:
                 if names.count(t["name"]) > 1:
                     raise _invalid(f"topic {t['name']!r} is listed more than once")
+                self._check(request, "Alter", "Topic", t["name"])
                 if t["name"] == OFFSETS_TOPIC:
                     raise _invalid(f"{OFFSETS_TOPIC}'s partition count is fixed: it "
                                    f"decides which partition holds each group")
@@ -343,7 +359,7 @@ class AdminApis:
     def describe_configs(self, request: Request):
         return self._run(request, self._describe_configs)
 
-    def _describe_configs(self, body: dict, version: int):
+    def _describe_configs(self, body: dict, version: int, request=None):
         synonyms, docs = body["include_synonyms"], body["include_documentation"]
         results = []
         for r in body["resources"]:
@@ -352,10 +368,12 @@ class AdminApis:
             try:
                 if rtype == TOPIC:
                     validate_topic_name(name)
+                    self._check(request, "DescribeConfigs", "Topic", name)
                     configs = self._topic_entries(self.admin.topic_config(name), keys,
                                                   synonyms, docs)
                 elif rtype == BROKER:
                     self._check_broker(name)
+                    self._check(request, "DescribeConfigs", "Cluster", CLUSTER)
                     configs = self._broker_entries(keys, synonyms, docs)
                 else:
                     raise _invalid(f"resource type {rtype} is not supported "
@@ -433,7 +451,7 @@ class AdminApis:
     def alter_configs(self, request: Request):
         return self._run(request, self._alter_configs)
 
-    def _alter_configs(self, body: dict, version: int):
+    def _alter_configs(self, body: dict, version: int, request=None):
         def alter(r):
             config = {}
             for c in r["configs"]:
@@ -442,12 +460,12 @@ class AdminApis:
                 config[c["name"]] = c["value"]
             self.admin.alter_topic_config(r["resource_name"], config, replace=True,
                                           validate_only=body["validate_only"])
-        return self._alter(body, alter)
+        return self._alter(body, alter, request)
 
     def incremental_alter_configs(self, request: Request):
         return self._run(request, self._incremental_alter_configs)
 
-    def _incremental_alter_configs(self, body: dict, version: int):
+    def _incremental_alter_configs(self, body: dict, version: int, request=None):
         def alter(r):
             ops = [(c["name"], c["config_operation"], c["value"]) for c in r["configs"]]
             for name, _, _ in ops:          # a DELETE of an unknown name too
@@ -455,14 +473,15 @@ class AdminApis:
                     raise InvalidConfigurationError(f"unknown topic config {name!r}")
             self.admin.incremental_alter_topic_config(r["resource_name"], ops,
                                                       validate_only=body["validate_only"])
-        return self._alter(body, alter)
+        return self._alter(body, alter, request)
 
-    def _alter(self, body: dict, alter: Callable[[dict], None]) -> dict:
+    def _alter(self, body: dict, alter: Callable[[dict], None], request) -> dict:
         responses = []
         for r in body["resources"]:
             entry = {"resource_type": r["resource_type"], "resource_name": r["resource_name"]}
             try:
                 if r["resource_type"] == TOPIC:
+                    self._check(request, "AlterConfigs", "Topic", r["resource_name"])
                     alter(r)
                 elif r["resource_type"] == BROKER:
                     raise _invalid("broker configs are static here: they are "
@@ -481,13 +500,14 @@ class AdminApis:
     def delete_records(self, request: Request):
         return self._run(request, self._delete_records)
 
-    def _delete_records(self, body: dict, version: int):
+    def _delete_records(self, body: dict, version: int, request=None):
         topics = []
         for t in body["topics"]:
             partitions = []
             for p in t["partitions"]:
                 index = p["partition_index"]
                 try:
+                    self._check(request, "Delete", "Topic", t["name"])
                     if p["offset"] < -1:
                         raise OffsetOutOfRangeError(f"cannot delete records before offset "
                                                     f"{p['offset']}")
@@ -504,7 +524,7 @@ class AdminApis:
     def describe_cluster(self, request: Request):
         return self._run(request, self._describe_cluster)
 
-    def _describe_cluster(self, body: dict, version: int):
+    def _describe_cluster(self, body: dict, version: int, request=None):
         if body["endpoint_type"] != 1:          # 2: the controllers (KRaft only)
             return {"throttle_time_ms": 0, **_error(_coded(
                 "UNSUPPORTED_ENDPOINT_TYPE", "brokers (1) only")),

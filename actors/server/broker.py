@@ -30,14 +30,15 @@ from coordination.election import read_controller
 from coordination.errors import BrokerIdInUseError as ZkBrokerIdInUseError
 from coordination.errors import CoordinationError, NodeMissingError, ZkUnavailableError
 from coordination.registry import BrokerRegistration
-from coordination.session import ZkSettings, connect
+from coordination.session import ZkSettings, connect, digest_from_config
 from coordination.store import ZkStore
 from storage.checkpoint import write_atomic
 
 from .. import raycompat
 from ..errors import (BrokerIdInUseError, CoordinatorNotAvailableError, IllegalArgumentError,
                       InconsistentClusterIdError, NotControllerError, RequestTimedOutError,
-                      TopicAlreadyExistsError, ZooKeeperUnavailableError)
+                      SecurityDisabledError, TopicAlreadyExistsError,
+                      ZooKeeperUnavailableError)
 from ..protocol import (OFFSETS_TOPIC, broker_actor_name, controller_actor_name,
                         group_coordinator_actor_name, unwrap)
 from .admin_handlers import AdminApis
@@ -47,6 +48,8 @@ from .broker_fetcher import BrokerFetcherManager, RayLocalReplicas
 from .fetcher import FetcherSettings
 from .controller import Controller
 from .group_coordinator import GroupCoordinator
+from .acl_handlers import AclApis
+from .authorizer import Access, AclAdmin, AclFilter, AclWatcher, Authorizer, binding
 from .group_handlers import BrokerGroups, GroupApis
 from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
@@ -180,6 +183,9 @@ class Broker:
         self.backend: BrokerBackend | None = None
         self.cluster_id = None
         self._coordinator_lock = threading.Lock()
+        self.authorizer: Authorizer | None = None       # when authorizer.class.name is set
+        self.acl_admin: AclAdmin | None = None
+        self._acl_watcher: AclWatcher | None = None
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -191,8 +197,12 @@ class Broker:
         session_s = float(self.config.get("zookeeper.session.timeout.ms", 6000)) / 1000
         if wait_for_stale_s is None:
             wait_for_stale_s = session_s * 3 + 10 if self.ran_here_before else 0.0
+        try:
+            digest = digest_from_config(self.config)
+        except ValueError as exc:
+            raise IllegalArgumentError(str(exc)) from None
         settings = ZkSettings(hosts=self.conf["zk_hosts"], namespace=self.namespace,
-                              session_timeout_s=session_s)
+                              session_timeout_s=session_s, digest=digest)
         try:
             self.zk = connect(settings)
             self.store = ZkStore(self.zk)
@@ -207,6 +217,11 @@ class Broker:
             raise
         self.admin = AdminManager(self.store, wake_controller=self._wake_controller,
                                   live_brokers=self._live_brokers)
+        try:
+            self._start_authorizer()
+        except Exception:
+            self.zk.close()
+            raise
         try:
             node_host = ray.util.get_node_ip_address()
         except Exception:  # noqa: BLE001 - outside a Ray worker
@@ -244,6 +259,41 @@ class Broker:
         return {"broker_id": self.broker_id, "data_dir": self.data_dir, "host": host,
                 "port": port, "cluster_id": self.cluster_id}
 
+    def _start_authorizer(self) -> None:
+        """With ``authorizer.class.name`` set: the ACLs from ZooKeeper, kept in step by a
+        watcher, before the listener serves anything (authorizer.py)."""
+        self.authorizer = Authorizer.from_config(self.config)
+        if self.authorizer is not None:
+            self.acl_admin = AclAdmin(self.store)
+            self._acl_watcher = AclWatcher(
+                self.store, self.authorizer,
+                name=f"broker-{self.broker_id}-acls").start()
+
+    # -- ACLs (Admin.create_acl / delete_acl / list_acls) --------------------------------
+    def _acls(self) -> AclAdmin:
+        if self.acl_admin is None:
+            raise SecurityDisabledError(
+                "no authorizer is configured on this cluster: start it with "
+                "authorizer.class.name set (or secure=True) to use ACLs")
+        return self.acl_admin
+
+    def create_acls(self, bindings: list[dict]) -> None:
+        """Store the bindings (dicts of ``authorizer.binding``'s arguments)."""
+        made = [binding(**b) for b in bindings]
+        self._acls().create(made)
+
+    def delete_acls(self, bindings: list[dict]) -> list[dict]:
+        """Delete exactly the bindings given; answers those that existed."""
+        filters = []
+        for b in bindings:
+            x = binding(**b)
+            filters.append(AclFilter(x.resource_type, x.name, x.pattern_type, x.principal,
+                                     x.host, x.operation, x.permission))
+        return [b.as_dict() for gone in self._acls().delete(filters) for b in gone]
+
+    def list_acls(self) -> list[dict]:
+        return [b.as_dict() for b in self._acls().describe()]
+
     def _start_listener(self, node_host: str) -> tuple[str, int]:
         """Serve Kafka's protocol (handlers.KafkaApis over a BrokerBackend) on this
         process's own threads; (host, port) to advertise."""
@@ -255,11 +305,14 @@ class Broker:
             replicas=RayReplicaLookup(self.replica_manager),
             endpoint=BrokerEndpoint(self.broker_id, settings.host, settings.port),
             cluster_id=self.cluster_id)
+        access = Access(lambda: self.authorizer)
         self.admin_apis = AdminApis(self.backend, self.admin, broker_id=self.broker_id,
-                                    broker_config=self.config)
+                                    broker_config=self.config, access=access)
         self.apis = KafkaApis(self.backend, groups=GroupApis(self.backend, BrokerGroups(
-            self.find_coordinator, lambda: self.coordinator, self.broker_id)),
-            admin=self.admin_apis)
+            self.find_coordinator, lambda: self.coordinator, self.broker_id), access),
+            admin=self.admin_apis,
+            extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)],
+            authorizer=lambda: self.authorizer)
         self.backend.on_change = self.apis.notify
         self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, settings)
@@ -446,6 +499,8 @@ class Broker:
         self._stopping.set()
         self.fetchers.close()
         self._stop_listener()
+        if self._acl_watcher is not None:
+            self._acl_watcher.close()
         if self.controller is not None:
             try:
                 ray.get(self.controller.close.remote(), timeout=10)

@@ -66,7 +66,7 @@ from coordination import zk_layout as L
 from coordination.election import ControllerCandidate
 from coordination.errors import (ControllerMovedError, CoordinationError, NodeAlreadyExistsError,
                                  NodeMissingError, VersionConflictError)
-from coordination.session import ZkSettings, connect
+from coordination.session import ZkSettings, connect, digest_from_config
 from coordination.store import ZkStore
 
 from ..errors import (FencedLeaderEpochError, InvalidUpdateVersionError, NotControllerError,
@@ -867,7 +867,8 @@ class Controller:
         self.broker_id = broker_id
         self.conf = conf
         settings = ZkSettings(hosts=conf["zk_hosts"], namespace=conf["namespace"],
-                              session_timeout_s=conf.get("zk_session_timeout_s", 6.0))
+                              session_timeout_s=conf.get("zk_session_timeout_s", 6.0),
+                              digest=digest_from_config(conf.get("config") or {}))
         self.zk = connect(settings)
         self.store = ZkStore(self.zk)
         self.store.ensure_persistent_paths()

@@ -54,7 +54,7 @@ import time
 from coordination import zk_layout
 from coordination.errors import CoordinationError
 from coordination.retry import RetryPolicy
-from coordination.session import ZkSettings, connect
+from coordination.session import ZkSettings, connect, digest_from_config
 from coordination.store import ZkStore
 from storage.records import build, decode_records
 
@@ -130,6 +130,7 @@ class GroupCoordinator:
         # ZooKeeper-stored offsets: a session of our own, opened on first use (worker thread)
         self._zk_hosts = conf.get("zk_hosts")
         self._zk_session_s = float(conf.get("zk_session_timeout_s", 6.0))
+        self._zk_digest = digest_from_config(config)
         self._zk_lock = threading.Lock()
         self._zk_client = None
         self._zk_store: ZkStore | None = None
@@ -524,7 +525,8 @@ class GroupCoordinator:
                 settings = ZkSettings(hosts=self._zk_hosts, namespace=self.namespace,
                                       session_timeout_s=self._zk_session_s,
                                       connect_timeout_s=ZK_CONNECT_TIMEOUT_S,
-                                      op_timeout_s=ZK_OP_DEADLINE_S)
+                                      op_timeout_s=ZK_OP_DEADLINE_S,
+                                      digest=self._zk_digest)
                 self._zk_client = connect(settings)
                 self._zk_store = ZkStore(self._zk_client,
                                          retry=RetryPolicy(deadline_s=ZK_OP_DEADLINE_S))

@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol
 from .. import wire
 from ..errors import (CoordinatorLoadInProgressError, CoordinatorNotAvailableError,
                       KafkaError, NotCoordinatorError)
+from .authorizer import CLUSTER, Access
 from .network import Request
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,13 @@ class GroupApis:
     """The group handlers (see the module docstring) over ``backend`` (handlers.Backend:
     the brokers' endpoints and topics) and ``groups`` (GroupBackend)."""
 
-    def __init__(self, backend, groups: GroupBackend):
+    def __init__(self, backend, groups: GroupBackend, access: Access | None = None):
         self.backend = backend
         self.groups = groups
+        self.access = access or Access()     # Kafka's ACLs on groups and their topics
+
+    def _group_denied(self, request: Request, operation: str, group: str) -> bool:
+        return bool(group) and not self.access.allowed(request, operation, "Group", group)
 
     def handlers(self) -> dict[int, Callable[[Request], Any]]:
         return {
@@ -185,6 +190,10 @@ class GroupApis:
             return wire.encode_response_parts(header, {
                 **none, "error_code": _ERR["INVALID_GROUP_ID"].code,
                 "error_message": "the group id is empty"})
+        if self._group_denied(request, "Describe", key):
+            return wire.encode_response_parts(header, {
+                **none, "error_code": _ERR["GROUP_AUTHORIZATION_FAILED"].code,
+                "error_message": f"may not describe group {key!r}"})
         try:
             node_id = self.groups.find_coordinator(key)
             endpoint = next((b for b in self.backend.brokers() if b.node_id == node_id), None)
@@ -225,6 +234,9 @@ class GroupApis:
 
         if not body["group_id"]:
             return wire.encode_response_parts(header, answer(None, _coded("INVALID_GROUP_ID")))
+        if self._group_denied(request, "Read", body["group_id"]):
+            return wire.encode_response_parts(header, answer(
+                None, _coded("GROUP_AUTHORIZATION_FAILED")))
         rebalance_timeout_ms = body["rebalance_timeout_ms"]
         if version == 0 or rebalance_timeout_ms < 0:
             rebalance_timeout_ms = body["session_timeout_ms"]     # v0: Kafka's rule
@@ -249,6 +261,9 @@ class GroupApis:
         if not body["group_id"]:
             return wire.encode_response_parts(request.header,
                                               answer(None, _coded("INVALID_GROUP_ID")))
+        if self._group_denied(request, "Read", body["group_id"]):
+            return wire.encode_response_parts(request.header, answer(
+                None, _coded("GROUP_AUTHORIZATION_FAILED")))
         assignments = {a["member_id"]: bytes(a["assignment"]) for a in body["assignments"]}
         future = self._call("sync_group", body["group_id"], body["member_id"],
                             body["generation_id"], assignments or None, None)
@@ -267,6 +282,9 @@ class GroupApis:
         if not body["group_id"]:
             return wire.encode_response_parts(request.header,
                                               answer(None, _coded("INVALID_GROUP_ID")))
+        if self._group_denied(request, "Read", body["group_id"]):
+            return wire.encode_response_parts(request.header, answer(
+                None, _coded("GROUP_AUTHORIZATION_FAILED")))
         future = self._call("heartbeat", body["group_id"], body["member_id"],
                             body["generation_id"], 0)
         return self._then(request.header, future, answer)
@@ -296,6 +314,9 @@ class GroupApis:
 
         if not group_id:
             return wire.encode_response_parts(header, answer(None, _coded("INVALID_GROUP_ID")))
+        if self._group_denied(request, "Read", group_id):
+            return wire.encode_response_parts(header, answer(
+                None, _coded("GROUP_AUTHORIZATION_FAILED")))
         futures = [self._call("leave_group", group_id, m["member_id"], m["group_instance_id"])
                    for m in leaving]
         return self._then(header, _gather(futures), answer)
@@ -307,6 +328,8 @@ class GroupApis:
         codes: dict[tuple[str, int], int] = {}
         offsets: dict[tuple[str, int], tuple[int, str]] = {}
         known: dict[str, set | None] = {}
+        unreadable = self.access.denied(request, "Read", "Topic",
+                                        {t["name"] for t in body["topics"]})
         for topic in body["topics"]:
             name = topic["name"]
             if name not in known:
@@ -315,7 +338,9 @@ class GroupApis:
             for p in topic["partitions"]:
                 tp = (name, p["partition_index"])
                 metadata = p["committed_metadata"] or ""
-                if known[name] is None or tp[1] not in known[name]:
+                if name in unreadable:
+                    codes[tp] = _ERR["TOPIC_AUTHORIZATION_FAILED"].code
+                elif known[name] is None or tp[1] not in known[name]:
                     codes[tp] = _ERR["UNKNOWN_TOPIC_OR_PARTITION"].code
                 elif len(metadata.encode("utf-8")) > OFFSET_METADATA_MAX_BYTES:
                     codes[tp] = _ERR["OFFSET_METADATA_TOO_LARGE"].code
@@ -335,6 +360,10 @@ class GroupApis:
 
         if not body["group_id"]:
             return wire.encode_response_parts(header, answer(None, _coded("INVALID_GROUP_ID")))
+        if self._group_denied(request, "Read", body["group_id"]):
+            codes.clear()
+            return wire.encode_response_parts(header, answer(
+                None, _coded("GROUP_AUTHORIZATION_FAILED")))
         if not offsets:
             return wire.encode_response_parts(header, answer(None, None))
         future = self._call("commit_offsets", body["group_id"], body["member_id"],
@@ -354,6 +383,8 @@ class GroupApis:
         header = request.header
         version = header.api_version
         requested = body["topics"]
+        hidden = self.access.denied(request, "Describe", "Topic",
+                                    {t["name"] for t in requested or ()})
 
         def answer(committed, error):
             if error is not None:
@@ -366,9 +397,12 @@ class GroupApis:
                          "error_code": code} for p in t["partition_indexes"]]}
                     for t in requested]}
             if requested is None:
+                # all the group's offsets: those of topics the principal may not describe
+                # are left out (Kafka's filter)
                 wanted: dict[str, list] = {}
                 for topic, partition in sorted(committed):
-                    wanted.setdefault(topic, []).append(partition)
+                    if self.access.allowed(request, "Describe", "Topic", topic):
+                        wanted.setdefault(topic, []).append(partition)
             else:
                 wanted = {}
                 for t in requested:
@@ -377,6 +411,11 @@ class GroupApis:
             for name, partitions in wanted.items():
                 entries = []
                 for p in partitions:
+                    if name in hidden:
+                        entries.append({"partition_index": p, "committed_offset": -1,
+                                        "metadata": "", "error_code":
+                                        _ERR["TOPIC_AUTHORIZATION_FAILED"].code})
+                        continue
                     offset, metadata = committed.get((name, p), (-1, ""))
                     entries.append({"partition_index": p, "committed_offset": offset,
                                     "metadata": metadata or "", "error_code": wire.NONE})
@@ -385,6 +424,9 @@ class GroupApis:
 
         if not body["group_id"]:
             return wire.encode_response_parts(header, answer(None, _coded("INVALID_GROUP_ID")))
+        if self._group_denied(request, "Describe", body["group_id"]):
+            return wire.encode_response_parts(header, answer(
+                None, _coded("GROUP_AUTHORIZATION_FAILED")))
         partitions = None if requested is None else [
             [t["name"], p] for t in requested for p in t["partition_indexes"]]
         future = self._call("fetch_offsets", body["group_id"], partitions)
@@ -395,6 +437,9 @@ class GroupApis:
         body = self._body(request)
         states = {s.lower() for s in body["states_filter"]}
         types = {t.lower() for t in body["types_filter"]}
+        # Describe on the cluster lists every group; otherwise those the principal may
+        # describe (Kafka's rule)
+        every = self.access.allowed(request, "Describe", "Cluster", CLUSTER)
 
         def answer(listed, error):
             if error is not None and not isinstance(error, NotCoordinatorError):
@@ -403,7 +448,8 @@ class GroupApis:
                        "group_state": state, "group_type": _GROUP_TYPE}
                       for g, protocol_type, state in (listed or [])
                       if (not states or state.lower() in states)
-                      and (not types or _GROUP_TYPE in types)]
+                      and (not types or _GROUP_TYPE in types)
+                      and (every or self.access.allowed(request, "Describe", "Group", g))]
             return {"throttle_time_ms": 0, "error_code": wire.NONE, "groups": groups}
 
         # a broker that coordinates nothing (NOT_COORDINATOR) lists no group, as in Kafka
@@ -437,8 +483,10 @@ class GroupApis:
             return {"throttle_time_ms": 0,
                     "groups": [one(n, r) for n, r in zip(names, results)]}
 
-        futures = [self._call("describe_group", n) if n else _failed(
-            _coded("INVALID_GROUP_ID")) for n in names]
+        futures = [_failed(_coded("INVALID_GROUP_ID")) if not n
+                   else _failed(_coded("GROUP_AUTHORIZATION_FAILED"))
+                   if self._group_denied(request, "Describe", n)
+                   else self._call("describe_group", n) for n in names]
         return self._then(request.header, _gather(futures), answer)
 
     # -- DeleteGroups -------------------------------------------------------------------------
@@ -451,8 +499,10 @@ class GroupApis:
                 {"group_id": n, "error_code": _code(r) if isinstance(r, BaseException)
                  else wire.NONE} for n, r in zip(names, results)]}
 
-        futures = [self._call("delete_group", n) if n else _failed(
-            _coded("INVALID_GROUP_ID")) for n in names]
+        futures = [_failed(_coded("INVALID_GROUP_ID")) if not n
+                   else _failed(_coded("GROUP_AUTHORIZATION_FAILED"))
+                   if self._group_denied(request, "Delete", n)
+                   else self._call("delete_group", n) for n in names]
         return self._then(request.header, _gather(futures), answer)
 
 

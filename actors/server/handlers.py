@@ -34,9 +34,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from .. import wire
-from ..errors import (FencedLeaderEpochError, InvalidRecordError, KafkaError,
+from ..errors import (ClusterAuthorizationFailedError, FencedLeaderEpochError,
+                      InvalidRecordError, KafkaError, TopicAuthorizationFailedError,
                       UnknownLeaderEpochError)
 from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topic_name
+from .authorizer import CLUSTER, Access, principal_of
 from .network import NOT_INLINE, Request
 
 log = logging.getLogger(__name__)
@@ -284,8 +286,10 @@ class KafkaApis:
     """The request handler a ``network.SocketServer`` calls (see the module docstring)."""
 
     def __init__(self, backend: Backend, *, purgatory: Purgatory | None = None,
-                 clock: Callable[[], float] = time.monotonic, groups=None, admin=None):
+                 clock: Callable[[], float] = time.monotonic, groups=None, admin=None,
+                 extra: Iterable = (), authorizer: Callable[[], Any] = lambda: None):
         self.backend = backend
+        self.access = Access(authorizer)    # the broker's authorizer (authorizer.py)
         self._clock = clock
         self._own_purgatory = purgatory is None
         self.fetch_purgatory = purgatory or Purgatory("fetch-purgatory", clock=clock)
@@ -301,6 +305,8 @@ class KafkaApis:
             self._handlers.update(groups.handlers())
         if admin is not None:       # the admin APIs (admin_handlers.AdminApis)
             self._handlers.update(admin.handlers())
+        for apis in extra:          # more APIs, each with its own handlers() (ACLs, ...)
+            self._handlers.update(apis.handlers())
 
     def close(self) -> None:
         if self._own_purgatory:
@@ -309,6 +315,10 @@ class KafkaApis:
     def versions(self) -> dict[int, tuple[int, int]]:
         """The APIs and versions implemented: what ApiVersions advertises."""
         return {key: wire.SUPPORTED_VERSIONS[key] for key in sorted(self._handlers)}
+
+    def denied_topics(self, request: Request, operation: str, names) -> set[str]:
+        """Those of the topics ``names`` the request's principal may not ``operation``."""
+        return self.access.denied(request, operation, "Topic", names)
 
     def notify(self, topic: str, partition: int) -> None:
         """The partition's data or high watermark moved: wake the fetches waiting on it."""
@@ -377,12 +387,18 @@ class KafkaApis:
         body = self._body(request)
         backend = self.backend
         requested = body["topics"]
-        if requested is None or (request.header.api_version == 0 and not requested):
-            names = sorted(backend.topics())
-        else:
-            names = [t["name"] for t in requested]
+        listing = requested is None or (request.header.api_version == 0 and not requested)
+        names = sorted(backend.topics()) if listing else [t["name"] for t in requested]
+        hidden = self.denied_topics(request, "Describe", names)
         topics = []
         for name in names:
+            if name in hidden:
+                # Kafka: a topic the principal may not describe is left out of a listing,
+                # and answered TOPIC_AUTHORIZATION_FAILED when asked for by name
+                if not listing:
+                    topics.append({"error_code": _ERR["TOPIC_AUTHORIZATION_FAILED"].code,
+                                   "name": name, "partitions": []})
+                continue
             try:
                 validate_topic_name(name)
                 parts = backend.partitions(name)
@@ -413,13 +429,19 @@ class KafkaApis:
     def produce(self, request: Request, inline: bool = False):
         body = self._body(request)
         acks, timeout_ms = body["acks"], body["timeout_ms"]
+        denied = self.denied_topics(request, "Write", [t["name"] for t in body["topic_data"]])
         if inline and not all(self.backend.linked(t["name"], p["index"])
-                              for t in body["topic_data"] for p in t["partition_data"]):
+                              for t in body["topic_data"] if t["name"] not in denied
+                              for p in t["partition_data"]):
             return NOT_INLINE
         results: list[tuple[str, int, Any]] = []    # (topic, partition, result or error)
         for topic in body["topic_data"]:
             name = topic["name"]
             for p in topic["partition_data"]:
+                if name in denied:
+                    results.append((name, p["index"], TopicAuthorizationFailedError(
+                        f"{principal_of(request)[0]} may not write to topic {name}")))
+                    continue
                 results.append((name, p["index"],
                                 self._append(name, p["index"], p["records"], acks,
                                              timeout_ms)))
@@ -475,7 +497,16 @@ class KafkaApis:
             return wire.encode_response_parts(header, {
                 "error_code": _ERR["FETCH_SESSION_ID_NOT_FOUND"].code, "session_id": 0,
                 "responses": []})
-        read = _FetchRead(self.backend, body)
+        if body["replica_id"] >= 0:
+            # a follower broker's fetch: replication is a cluster action
+            if not self.access.allowed(request, "ClusterAction", "Cluster", CLUSTER):
+                return wire.encode_response_parts(header, {
+                    "error_code": _ERR["CLUSTER_AUTHORIZATION_FAILED"].code,
+                    "session_id": 0, "responses": []})
+            denied: set[str] = set()
+        else:
+            denied = self.denied_topics(request, "Read", [t["topic"] for t in body["topics"]])
+        read = _FetchRead(self.backend, body, denied)
         with _reading_held_only(inline):      # the purgatory's re-reads may wait
             response, total, errors = read()
         if body["max_wait_ms"] <= 0 or total >= max(body["min_bytes"], 1) or errors:
@@ -490,10 +521,13 @@ class KafkaApis:
     def list_offsets(self, request: Request):
         body = self._body(request)
         isolation = body["isolation_level"]
+        denied = self.denied_topics(request, "Describe", [t["name"] for t in body["topics"]])
 
         def answer(topic: str, p: dict) -> dict:
             index = p["partition_index"]
             try:
+                if topic in denied:
+                    raise TopicAuthorizationFailedError(topic)
                 epoch = self.backend.leader_epoch(topic, index)
                 _check_epoch(p["current_leader_epoch"], epoch)
                 timestamp, offset = self.backend.list_offset(topic, index, p["timestamp"],
@@ -510,10 +544,19 @@ class KafkaApis:
     # -- OffsetForLeaderEpoch ---------------------------------------------------------------
     def offset_for_leader_epoch(self, request: Request):
         body = self._body(request)
+        if body.get("replica_id", -1) >= 0:
+            cluster_ok = self.access.allowed(request, "ClusterAction", "Cluster", CLUSTER)
+            denied = set() if cluster_ok else {t["topic"] for t in body["topics"]}
+        else:
+            denied = self.denied_topics(request, "Describe",
+                                        [t["topic"] for t in body["topics"]])
 
         def answer(topic: str, p: dict) -> dict:
             index = p["partition"]
             try:
+                if topic in denied:
+                    raise (TopicAuthorizationFailedError(topic) if body.get("replica_id", -1) < 0
+                           else ClusterAuthorizationFailedError("replication"))
                 _check_epoch(p["current_leader_epoch"], self.backend.leader_epoch(topic, index))
                 found = self.backend.end_offset_for_epoch(topic, index, p["leader_epoch"])
                 return {"error_code": wire.NONE, "partition": index,
@@ -558,9 +601,10 @@ class _FetchRead:
     partition, ``max_bytes`` for the response, but the first batch of the first partition
     with data is returned whole however large (KIP-74), so a consumer always progresses."""
 
-    def __init__(self, backend: Backend, body: dict):
+    def __init__(self, backend: Backend, body: dict, denied: set[str] = frozenset()):
         self.backend = backend
         self.body = body
+        self.denied = denied            # topics the principal may not read
 
     def keys(self) -> list[tuple[str, int]]:
         return [(t["topic"], p["partition"]) for t in self.body["topics"]
@@ -579,6 +623,8 @@ class _FetchRead:
                 limit = min(p["partition_max_bytes"], budget - total) if total else \
                     p["partition_max_bytes"]
                 try:
+                    if topic in self.denied:
+                        raise TopicAuthorizationFailedError(topic)
                     _check_epoch(p["current_leader_epoch"],
                                  backend.leader_epoch(topic, index))
                     # limit <= 0: the response is full, the partition is listed without data

@@ -623,6 +623,51 @@ def _perf_cluster(args):
     return connect(args.namespace)
 
 
+def _acl_args(args) -> dict:
+    """The ACL binding the add/remove arguments name (create_acl's keyword arguments)."""
+    kinds = [(k, v) for k, v in (("topic", args.topic), ("group", args.group),
+                                 ("transactional_id", args.transactional_id),
+                                 ("cluster", "kafka-cluster" if args.cluster else None))
+             if v is not None]
+    if len(kinds) != 1:
+        raise UsageError("name exactly one resource: --topic T, --group G, "
+                         "--transactional-id X or --cluster")
+    (resource_type, name), = kinds
+    return {"principal": args.principal, "resource_type": resource_type,
+            "resource_name": name, "operation": args.operation,
+            "permission": "deny" if args.deny else "allow",
+            "pattern_type": "prefixed" if args.prefixed else "literal", "host": args.host}
+
+
+def _fmt_acl(a: dict) -> str:
+    return (f"{a['permission']:<5}  {a['principal']:<20}  {a['operation']:<16}  "
+            f"{a['resource_type']}:{a['resource_name']}"
+            f"{' (prefixed)' if a['pattern_type'] == 'prefixed' else ''}"
+            f"{'' if a['host'] == '*' else '  from ' + a['host']}")
+
+
+def cmd_acls(args) -> int:
+    binding = _acl_args(args) if args.acls_command != "list" else None
+    admin = connect(args.namespace).admin()
+    if binding is None:
+        rows = [a for a in admin.list_acls()
+                if args.principal in (None, a["principal"])
+                and (args.topic is None or (a["resource_type"], a["resource_name"])
+                     == ("topic", args.topic))]
+        for a in rows:
+            print(_fmt_acl(a))
+        return 0
+    if args.acls_command == "add":
+        admin.create_acl(**binding)
+        print(f"Added: {_fmt_acl(binding)}")
+        return 0
+    if admin.delete_acl(**binding):
+        print(f"Removed: {_fmt_acl(binding)}")
+        return 0
+    print(f"No such ACL: {_fmt_acl(binding)}", file=sys.stderr)
+    return 1
+
+
 def cmd_perf_produce(args) -> int:
     from . import perf
     cluster = _perf_cluster(args)
@@ -807,6 +852,29 @@ def build_parser() -> argparse.ArgumentParser:
     cmd(gsub, "list", cmd_groups, "list groups")
     g = cmd(gsub, "describe", cmd_groups, "describe a group")
     g.add_argument("group")
+
+    acls = sub.add_parser("acls", help="ACLs of a cluster with an authorizer: add, list, "
+                          "remove")
+    asub = acls.add_subparsers(dest="acls_command", metavar="ACTION", parser_class=_Parser)
+    asub.required = True
+    for action, help_ in (("add", "allow (or --deny) a principal an operation on a resource"),
+                          ("remove", "remove exactly that ACL (add's arguments)")):
+        a = cmd(asub, action, cmd_acls, help_)
+        a.add_argument("principal", metavar="PRINCIPAL", help="User:NAME, or User:* for all")
+        a.add_argument("--operation", required=True,
+                       help="read, write, create, delete, describe, alter, describe_configs, "
+                            "alter_configs, cluster_action, idempotent_write or all")
+        a.add_argument("--topic", default=None)
+        a.add_argument("--group", default=None)
+        a.add_argument("--transactional-id", default=None)
+        a.add_argument("--cluster", action="store_true", help="the cluster itself")
+        a.add_argument("--prefixed", action="store_true",
+                       help="the name is a prefix: every resource whose name starts with it")
+        a.add_argument("--deny", action="store_true", help="a Deny ACL (it wins over Allow)")
+        a.add_argument("--host", default="*", help="only from this address (default *)")
+    a = cmd(asub, "list", cmd_acls, "list ACLs")
+    a.add_argument("--principal", default=None)
+    a.add_argument("--topic", default=None)
 
     s = cmd(sub, "reassign", cmd_reassign, "move partitions to new replicas (a "
             "kafka-reassign-partitions JSON plan) and wait until done")
