@@ -264,14 +264,19 @@ def test_a_group_without_read_is_group_authorization_failed(cluster):
 
 
 def test_admin_requests_need_their_acls(cluster):
-    """CreateTopics of a name the principal may not create and DeleteTopics of a topic it
-    may not delete answer TOPIC_AUTHORIZATION_FAILED (confluent-kafka); nothing changes."""
+    """DeleteTopics of a topic the principal may not delete, and CreateTopics when it may
+    create neither on the cluster nor that topic, answer TOPIC_AUTHORIZATION_FAILED
+    (confluent-kafka); nothing changes."""
     keep, banned = next(_names), "banned-" + next(_names)
-    cluster.admin().create_topic(keep, partitions=1, replication_factor=1)
+    admin = cluster.admin()
+    admin.create_topic(keep, partitions=1, replication_factor=1)
     cadmin = ck.admin.AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
-    cluster.admin().create_acl("User:ANONYMOUS", "topic", keep, "delete", permission="deny")
-    cluster.admin().create_acl("User:ANONYMOUS", "topic", banned, "create",
-                               permission="deny")
+    admin.create_acl("User:ANONYMOUS", "topic", keep, "delete", permission="deny")
+    # ACL changes reach a broker in order: once a later one (Describe) shows, so has this
+    admin.create_acl("User:ANONYMOUS", "topic", keep, "describe", permission="deny")
+    probe = ck.Producer({"bootstrap.servers": cluster.bootstrap_servers})
+    wait_until(lambda: keep not in probe.list_topics(timeout=10).topics, timeout_s=30,
+               what="the ACLs applied")
 
     def code(future):
         try:
@@ -280,10 +285,21 @@ def test_admin_requests_need_their_acls(cluster):
         except ck.KafkaException as exc:
             return exc.args[0].code()
 
-    wait_until(lambda: code(cadmin.delete_topics([keep])[keep])
-               == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED, timeout_s=30,
-               what="the delete refused")
-    assert code(cadmin.create_topics([ck.admin.NewTopic(banned, 1, 1)])[banned]) == \
+    assert code(cadmin.delete_topics([keep])[keep]) == \
         ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
-    assert keep in cluster.admin().list_topics()
-    assert banned not in cluster.admin().list_topics()
+    # Create on the cluster allows any topic (Kafka's rule): deny it there and on the name
+    admin.create_acl("User:ANONYMOUS", "topic", banned, "create", permission="deny")
+    admin.create_acl("User:ANONYMOUS", "cluster", "kafka-cluster", "create",
+                     permission="deny")
+    try:
+        wait_until(lambda: code(cadmin.create_topics(
+            [ck.admin.NewTopic(banned, 1, 1)], validate_only=True)[banned])
+            == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED, timeout_s=30,
+            what="the create refused")
+        assert code(cadmin.create_topics([ck.admin.NewTopic(banned, 1, 1)])[banned]) == \
+            ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        admin.delete_acl("User:ANONYMOUS", "cluster", "kafka-cluster", "create",
+                         permission="deny")
+    assert keep in admin.list_topics()
+    assert banned not in admin.list_topics()
