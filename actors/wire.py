@@ -66,6 +66,8 @@ SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
+# the idempotent producer (KIP-98, no transactions: actors/server/producer_handlers.py)
+INIT_PRODUCER_ID = 22
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -88,6 +90,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
+    # the idempotent producer: v3's producer id and epoch are read (a new id is answered,
+    # as Kafka does without a transactional id); v5 (TRANSACTION_ABORTABLE) is not offered
+    INIT_PRODUCER_ID: (0, 4),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -97,7 +102,8 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              SYNC_GROUP: "SyncGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup",
              OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch",
              LIST_GROUPS: "ListGroups", DESCRIBE_GROUPS: "DescribeGroups",
-             DELETE_GROUPS: "DeleteGroups"}
+             DELETE_GROUPS: "DeleteGroups",
+             INIT_PRODUCER_ID: "InitProducerId"}
 
 
 class InvalidRequestError(KafkaError):
@@ -118,7 +124,8 @@ class InvalidRequestError(KafkaError):
 # One line per field: name, type, versions, then options: null:V (nullable in versions V),
 # tag:N (a tagged field), =X (default). Types: int8 int16 int32 int64 bool string bytes
 # records uuid, []int32 / []int64 / []string (arrays of numbers or strings), [] (array of
-# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0".
+# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0". A line starting
+# with "#" is a comment.
 _SCHEMAS = """
 ApiVersionsRequest 18 flexible:3+
   client_software_name string 3+
@@ -441,6 +448,18 @@ DeleteGroupsResponse 42 flexible:2+
   results [] 0+
     group_id string 0+
     error_code int16 0+
+
+# -- idempotent producer
+InitProducerIdRequest 22 flexible:2+
+  transactional_id string 0+ null:0+
+  transaction_timeout_ms int32 0+
+  producer_id int64 3+ =-1
+  producer_epoch int16 3+ =-1
+InitProducerIdResponse 22 flexible:2+
+  throttle_time_ms int32 0+
+  error_code int16 0+
+  producer_id int64 0+ =-1
+  producer_epoch int16 0+
 """
 
 _NO_MAX = 1 << 15
@@ -543,7 +562,7 @@ def _parse_schemas(text: str) -> dict[tuple[int, str], _Message]:
                       "response")] = _Message(current[0], current[1], current[2], fields)
 
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or line.startswith("#"):
             continue
         if not line.startswith(" "):
             close()
@@ -1264,6 +1283,10 @@ _TYPED = {
     "InconsistentClusterIdError": "INCONSISTENT_CLUSTER_ID",
     "KafkaTimeoutError": "REQUEST_TIMED_OUT",       # the client's own; the wire's is 7
     "NetworkError": "NETWORK_EXCEPTION",
+    # the idempotent producer
+    "OutOfOrderSequenceError": "OUT_OF_ORDER_SEQUENCE_NUMBER",
+    "InvalidProducerEpochError": "INVALID_PRODUCER_EPOCH",
+    "UnknownProducerIdError": "UNKNOWN_PRODUCER_ID",
 }
 _CLASS_CODES: dict[type, int] = {}
 _CODE_CLASSES: dict[int, type] = {}
@@ -1318,6 +1341,7 @@ __all__ = [
     "PRODUCE", "FETCH", "LIST_OFFSETS", "METADATA", "API_VERSIONS", "OFFSET_FOR_LEADER_EPOCH",
     "OFFSET_COMMIT", "OFFSET_FETCH", "FIND_COORDINATOR", "JOIN_GROUP", "HEARTBEAT",
     "LEAVE_GROUP", "SYNC_GROUP", "DESCRIBE_GROUPS", "LIST_GROUPS", "DELETE_GROUPS",
+    "INIT_PRODUCER_ID",
     "SUPPORTED_VERSIONS", "API_NAMES", "InvalidRequestError", "BrokerResponseError",
     "RequestHeader", "ErrorCode", "ERRORS", "ERRORS_BY_NAME", "NONE", "error_code",
     "error_for_code", "decode_request_header", "decode_request_body", "decode_request",

@@ -31,6 +31,8 @@ from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorRespo
 from kafka.protocol.admin import (DeleteGroupsRequest, DeleteGroupsResponse,  # noqa: E402
                                   DescribeGroupsRequest, DescribeGroupsResponse,
                                   ListGroupsRequest, ListGroupsResponse)
+from kafka.protocol.producer.transaction import (InitProducerIdRequest,  # noqa: E402
+                                                  InitProducerIdResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -50,6 +52,7 @@ ORACLE = {
     wire.LIST_GROUPS: (ListGroupsRequest, ListGroupsResponse),
     wire.DESCRIBE_GROUPS: (DescribeGroupsRequest, DescribeGroupsResponse),
     wire.DELETE_GROUPS: (DeleteGroupsRequest, DeleteGroupsResponse),
+    wire.INIT_PRODUCER_ID: (InitProducerIdRequest, InitProducerIdResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]
