@@ -335,12 +335,13 @@ class Log:
             updates = None
             if batches:
                 # a leader checks a client's batches (KIP-98); a follower's are applied
-                updates, duplicate = self.producer_state.prepare(batches,
-                                                                 validate=assign_offsets)
-                if duplicate is not None:
-                    return AppendResult(duplicate.first_offset, duplicate.last_offset,
-                                        duplicate.timestamp if config.log_append_time
-                                        else -1, duplicate=True)
+                updates, duplicate = self.producer_state.prepare(
+                    batches, validate=assign_offsets, total_batches=len(headers))
+                if duplicate is not None:       # a retry: the original offsets, no write
+                    first, last = duplicate
+                    return AppendResult(first.first_offset, last.last_offset,
+                                        first.timestamp if config.log_append_time else -1,
+                                        duplicate=True)
                 self._pending_producer_batches = batches
             verify = _start_crc_check(buf, headers) if overlap_crc else None
             try:

@@ -45,7 +45,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import crc32c as _crc32c
 
-from .errors import (CorruptSnapshotError, InvalidProducerEpochError,
+from .errors import (CorruptSnapshotError, InvalidProducerEpochError, InvalidRecordError,
                      OutOfOrderSequenceError)
 
 log = logging.getLogger(__name__)
@@ -218,26 +218,44 @@ class ProducerStateManager:
         return self.producers.get(producer_id)
 
     # -- appends ------------------------------------------------------------------------
-    def prepare(self, batches: list[ProducerBatch], *, validate: bool
-                ) -> tuple[dict[int, ProducerEntry], ProducerBatch | None]:
-        """The entries ``batches`` would leave (nothing is changed until ``commit``), and
-        the first duplicate found (then nothing of the append may be written). With
-        ``validate`` (a leader taking a client's batches) duplicates are looked for and
-        epochs and sequences checked, raising as ``check_batch``; a follower's batches are
-        applied as they are."""
+    def prepare(self, batches: list[ProducerBatch], *, validate: bool, total_batches: int
+                ) -> tuple[dict[int, ProducerEntry], tuple[ProducerBatch, ProducerBatch] | None]:
+        """The entries ``batches`` would leave (nothing is changed until ``commit``), or
+        the (first, last) original batches when the append repeats batches already written
+        (then nothing of it may be written). With ``validate`` (a leader taking a client's
+        batches) duplicates are looked for and epochs and sequences checked, raising as
+        ``check_batch``; a follower's batches are applied as they are.
+
+        Kafka takes one batch per partition in a produce request; raykafka's own producer
+        sends up to 5 (one partition's batches in flight, all retried together), so an
+        append of ``total_batches`` is a duplicate when every batch of it is one, and one
+        that mixes repeated and new batches is refused (InvalidRecordError: the client
+        broke the rule)."""
         updates: dict[int, ProducerEntry] = {}
+        if validate:
+            duplicates = self._duplicates(batches)
+            if duplicates:
+                if len(duplicates) != total_batches:
+                    raise InvalidRecordError(
+                        f"an append of {total_batches} batches repeats {len(duplicates)} "
+                        f"already written: an idempotent producer retries whole requests")
+                return {}, (duplicates[0], duplicates[-1])
         for b in batches:
-            committed = self.producers.get(b.producer_id)
-            if validate and committed is not None:
-                duplicate = committed.find_duplicate(b)
-                if duplicate is not None:
-                    return {}, duplicate
-            entry = updates.get(b.producer_id, committed)
+            entry = updates.get(b.producer_id, self.producers.get(b.producer_id))
             if validate:
                 check_batch(entry, b)
             updates[b.producer_id] = (entry.with_batch(b) if entry is not None
                                       else ProducerEntry(b.producer_id, b.producer_epoch, (b,)))
         return updates, None
+
+    def _duplicates(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
+        out = []
+        for b in batches:
+            entry = self.producers.get(b.producer_id)
+            duplicate = entry.find_duplicate(b) if entry is not None else None
+            if duplicate is not None:
+                out.append(duplicate)
+        return out
 
     def commit(self, updates: dict[int, ProducerEntry]) -> None:
         self.producers.update(updates)

@@ -284,7 +284,7 @@ class KafkaApis:
     """The request handler a ``network.SocketServer`` calls (see the module docstring)."""
 
     def __init__(self, backend: Backend, *, purgatory: Purgatory | None = None,
-                 clock: Callable[[], float] = time.monotonic, groups=None):
+                 clock: Callable[[], float] = time.monotonic, groups=None, producers=None):
         self.backend = backend
         self._clock = clock
         self._own_purgatory = purgatory is None
@@ -299,6 +299,8 @@ class KafkaApis:
         }
         if groups is not None:      # the group APIs (group_handlers.GroupApis)
             self._handlers.update(groups.handlers())
+        if producers is not None:   # InitProducerId (producer_handlers.ProducerIdApis)
+            self._handlers.update(producers.handlers())
 
     def close(self) -> None:
         if self._own_purgatory:
