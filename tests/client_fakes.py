@@ -360,7 +360,10 @@ class RecordingApis(KafkaApis):
     Fetch at once, whatever its wait."""
 
     def __init__(self, backend, *, long_poll: bool = True):
-        super().__init__(backend)
+        import itertools
+        from actors.server.producer_handlers import ProducerIdApis
+        ids = itertools.count(1000)           # InitProducerId, for idempotent producers
+        super().__init__(backend, producers=ProducerIdApis(lambda: next(ids)))
         self.fetches: list = []
         self.produces: list = []
         self.long_poll = long_poll
