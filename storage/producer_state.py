@@ -45,6 +45,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import crc32c as _crc32c
 
+from .checkpoint import write_atomic
 from .errors import (CorruptSnapshotError, InvalidProducerEpochError, InvalidRecordError,
                      OutOfOrderSequenceError)
 
@@ -193,15 +194,6 @@ def decode_snapshot(data: bytes, path: str = "snapshot") -> dict[int, ProducerEn
     return out
 
 
-def _write_file(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class ProducerStateManager:
     """The producers of one partition log, and its ``.snapshot`` files (see the module
     docstring). Invariant: every entry's batches lie below ``map_end_offset`` (the log
@@ -307,8 +299,8 @@ class ProducerStateManager:
                 e = producers.get(b.producer_id)
                 producers[b.producer_id] = (e.with_batch(b) if e is not None else
                                             ProducerEntry(b.producer_id, b.producer_epoch, (b,)))
-        _write_file(snapshot_path(self.directory, offset),
-                    encode_snapshot(producers.values()))
+        write_atomic(snapshot_path(self.directory, offset),
+                     encode_snapshot(producers.values()))
 
     def load(self, log_start_offset: int, log_end_offset: int,
              replay: Callable[[int], Iterable[ProducerBatch]]) -> int:

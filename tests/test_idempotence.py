@@ -12,7 +12,6 @@ import asyncio
 import itertools
 import json
 import threading
-import time
 
 import pytest
 
@@ -20,8 +19,8 @@ from actors import Cluster, wire
 from actors.connection import KafkaConnection
 from coordination import zk_layout as L
 from storage.records import build, iter_headers
-from tests.cluster_helpers import local_ray, unique_namespace, wait_until  # noqa: F401
-from tests.cluster_helpers import zk_client
+from tests.cluster_helpers import local_ray  # noqa: F401 - the module's Ray (fixture)
+from tests.cluster_helpers import unique_namespace, wait_until, zk_client
 from tests.replication_helpers import (CONFIG, TOPIC_CONFIG, disk_bytes_below, leader_of,
                                        read_committed, wait_for_full_isr,
                                        wait_replicas_converged)
