@@ -11,6 +11,9 @@ of both RayTaskError and the original), so ``except NotLeaderForPartitionError``
 from storage.errors import (CorruptRecordError, InvalidConfigurationError, InvalidRecordError,
                             KafkaError, KafkaStorageError, OffsetOutOfRangeError,
                             RecordTooLargeError, UnsupportedCodecError, UnsupportedVersionError)
+# the idempotent producer's (KIP-98): raised by the log's producer state
+from storage.errors import (CorruptSnapshotError, InvalidProducerEpochError,
+                            OutOfOrderSequenceError, UnknownProducerIdError)
 
 
 class RetriableError(KafkaError):
@@ -223,4 +226,7 @@ __all__ = [
     "InvalidCheckpointError", "TopicAuthorizationFailedError",
     "GroupAuthorizationFailedError", "ClusterAuthorizationFailedError",
     "SecurityDisabledError",
+    "InvalidCheckpointError",
+    "OutOfOrderSequenceError", "InvalidProducerEpochError", "UnknownProducerIdError",
+    "CorruptSnapshotError",
 ]

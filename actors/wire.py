@@ -79,6 +79,8 @@ DESCRIBE_CLUSTER = 60
 DESCRIBE_ACLS = 29
 CREATE_ACLS = 30
 DELETE_ACLS = 31
+# the idempotent producer (KIP-98, no transactions: actors/server/producer_handlers.py)
+INIT_PRODUCER_ID = 22
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -115,6 +117,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     DESCRIBE_ACLS: (1, 3),
     CREATE_ACLS: (1, 3),
     DELETE_ACLS: (1, 3),
+    # the idempotent producer: v3's producer id and epoch are read (a new id is answered,
+    # as Kafka does without a transactional id); v5 (TRANSACTION_ABORTABLE) is not offered
+    INIT_PRODUCER_ID: (0, 4),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -133,7 +138,8 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              DESCRIBE_CLUSTER: "DescribeCluster",
              # -- ACLs
              DESCRIBE_ACLS: "DescribeAcls", CREATE_ACLS: "CreateAcls",
-             DELETE_ACLS: "DeleteAcls"}
+             DELETE_ACLS: "DeleteAcls",
+             INIT_PRODUCER_ID: "InitProducerId"}
 
 
 class InvalidRequestError(KafkaError):
@@ -695,6 +701,17 @@ DeleteAclsResponse 31 flexible:2+
       host string 0+
       operation int8 0+
       permission_type int8 0+
+# -- idempotent producer
+InitProducerIdRequest 22 flexible:2+
+  transactional_id string 0+ null:0+
+  transaction_timeout_ms int32 0+
+  producer_id int64 3+ =-1
+  producer_epoch int16 3+ =-1
+InitProducerIdResponse 22 flexible:2+
+  throttle_time_ms int32 0+
+  error_code int16 0+
+  producer_id int64 0+ =-1
+  producer_epoch int16 0+
 """
 
 _NO_MAX = 1 << 15
@@ -1522,6 +1539,10 @@ _TYPED = {
     "GroupAuthorizationFailedError": "GROUP_AUTHORIZATION_FAILED",
     "ClusterAuthorizationFailedError": "CLUSTER_AUTHORIZATION_FAILED",
     "SecurityDisabledError": "SECURITY_DISABLED",
+    # the idempotent producer
+    "OutOfOrderSequenceError": "OUT_OF_ORDER_SEQUENCE_NUMBER",
+    "InvalidProducerEpochError": "INVALID_PRODUCER_EPOCH",
+    "UnknownProducerIdError": "UNKNOWN_PRODUCER_ID",
 }
 _CLASS_CODES: dict[type, int] = {}
 _CODE_CLASSES: dict[int, type] = {}
@@ -1579,6 +1600,7 @@ __all__ = [
     "CREATE_TOPICS", "DELETE_TOPICS", "DELETE_RECORDS", "DESCRIBE_CONFIGS", "ALTER_CONFIGS",
     "CREATE_PARTITIONS", "INCREMENTAL_ALTER_CONFIGS", "DESCRIBE_CLUSTER",
     "DESCRIBE_ACLS", "CREATE_ACLS", "DELETE_ACLS",
+    "INIT_PRODUCER_ID",
     "SUPPORTED_VERSIONS", "API_NAMES", "InvalidRequestError", "BrokerResponseError",
     "RequestHeader", "ErrorCode", "ERRORS", "ERRORS_BY_NAME", "NONE", "error_code",
     "error_for_code", "decode_request_header", "decode_request_body", "decode_request",

@@ -598,3 +598,37 @@ def decode_acl_change(pattern_type: str, data: bytes | None) -> tuple[str, str, 
     if kind not in ACL_RESOURCE_TYPES or pattern not in ACL_PATTERN_TYPES:
         raise ZkDataError(f"{path}: bad ACL change {obj}")
     return kind, name, pattern
+# /latest_producer_id_block (the idempotent producer's ids, Kafka's ProducerIdBlockZNode)
+
+PRODUCER_ID_BLOCK_PATH = "/latest_producer_id_block"
+
+
+@dataclass(frozen=True)
+class ProducerIdBlock:
+    """Body of /latest_producer_id_block: the last block of producer ids reserved, by which
+    broker. ``block_start <= block_end``; the next block starts at ``block_end + 1``.
+    Kafka writes the two bounds as JSON strings (``"block_start":"0"``); numbers are read
+    too."""
+    broker: int
+    block_start: int
+    block_end: int
+
+    def to_bytes(self) -> bytes:
+        return _dump({"version": 1, "broker": self.broker,
+                      "block_start": str(self.block_start), "block_end": str(self.block_end)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes | None) -> "ProducerIdBlock":
+        path = PRODUCER_ID_BLOCK_PATH
+        obj = _load(path, data)
+        bounds = []
+        for key in ("block_start", "block_end"):
+            value = _req(path, obj, key, (str, int))
+            try:
+                bounds.append(int(value))
+            except ValueError:
+                raise ZkDataError(f"{path}: {key} {value!r} is not an integer") from None
+        if bounds[0] < 0 or bounds[1] < bounds[0]:
+            raise ZkDataError(f"{path}: block [{bounds[0]}, {bounds[1]}] is not a block")
+        return cls(broker=_req(path, obj, "broker", int), block_start=bounds[0],
+                   block_end=bounds[1])

@@ -21,11 +21,12 @@ def write_offset(path: str, offset: int) -> None:
     write_atomic(path, f"{VERSION}\n{offset}\n")
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a crash leaves the old or the new content:
-    ``<path>.tmp`` written and fsynced, renamed over ``path``, the directory fsynced."""
+def write_atomic(path: str, text: str | bytes) -> None:
+    """Replace ``path`` with ``text`` (a str, or bytes written as they are) so that a crash
+    leaves the old or the new content: ``<path>.tmp`` written and fsynced, renamed over
+    ``path``, the directory fsynced."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

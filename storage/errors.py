@@ -47,6 +47,26 @@ class KafkaStorageError(KafkaError):
     """The log cannot be used: its directory is missing, locked, or closed."""
 
 
+class OutOfOrderSequenceError(KafkaError):
+    """An idempotent producer's batch whose first sequence does not follow the last one the
+    partition has from that producer (Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER): a gap."""
+
+
+class InvalidProducerEpochError(KafkaError):
+    """An idempotent producer's batch with an epoch older than the partition has seen
+    from that producer id (Kafka's INVALID_PRODUCER_EPOCH)."""
+
+
+class UnknownProducerIdError(KafkaError):
+    """The partition holds no state of the producer id (Kafka's UNKNOWN_PRODUCER_ID; a
+    Kafka 2.5+ broker no longer answers it, older brokers did after retention)."""
+
+
+class CorruptSnapshotError(KafkaError):
+    """A producer-state ``.snapshot`` file that cannot be read: short, a bad version or
+    CRC. The log deletes it and rebuilds the state from the log instead."""
+
+
 __all__ = [
     "KafkaError",
     "CorruptRecordError",
@@ -57,4 +77,8 @@ __all__ = [
     "OffsetOutOfRangeError",
     "InvalidConfigurationError",
     "KafkaStorageError",
+    "OutOfOrderSequenceError",
+    "InvalidProducerEpochError",
+    "UnknownProducerIdError",
+    "CorruptSnapshotError",
 ]

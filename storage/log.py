@@ -3,6 +3,9 @@
 Directory layout (one directory per partition replica)::
 
     00000000000000000000.log / .index / .timeindex     one segment per base offset
+    00000000000000000000.snapshot                     producer state below that offset
+                                                      (storage/producer_state.py), written
+                                                      at each roll and at close
     recovery-point-offset-checkpoint                  offsets below are known flushed
     log-start-offset-checkpoint                       first offset a reader may ask for
     .clean_shutdown                                   written by close(), removed by open()
@@ -38,6 +41,7 @@ from .errors import (CorruptRecordError, InvalidRecordError, KafkaStorageError,
 from .cleaner import CleanResult, clean
 from .legacy import to_v2
 from .loader import load, swap_range_path
+from .producer_state import ProducerBatch, ProducerStateManager, last_sequence
 from .records import (MAGIC_POS, BatchHeader, assign_offsets, check_batch_crc,
                       iter_headers)
 from .segment import INT32_MAX, BatchInfo, LogSegment
@@ -90,13 +94,15 @@ class AppendResult(tuple):
     ``log_append_time_ms``, the timestamp the log stamped into the batches of a LogAppendTime
     topic (-1 for CreateTime), so a leader answers the producer with the stored value."""
 
-    def __new__(cls, base_offset: int, last_offset: int, log_append_time_ms: int = -1):
+    def __new__(cls, base_offset: int, last_offset: int, log_append_time_ms: int = -1,
+                duplicate: bool = False):
         self = super().__new__(cls, (base_offset, last_offset))
         self.log_append_time_ms = log_append_time_ms
+        self.duplicate = duplicate     # an idempotent producer's retry: nothing was written
         return self
 
     def __getnewargs__(self):
-        return (self[0], self[1], self.log_append_time_ms)
+        return (self[0], self[1], self.log_append_time_ms, self.duplicate)
 
     @property
     def base_offset(self) -> int:
@@ -125,6 +131,8 @@ class Log:
         self.truncated_bytes = 0
         self._view = _View((), (), 0, 0)
         self.recovery_point = 0
+        self.producer_state = ProducerStateManager(path)
+        self._pending_producer_batches: list[ProducerBatch] = []
 
     # -- opening and closing ------------------------------------------------------------
     @classmethod
@@ -174,6 +182,7 @@ class Log:
         if result.recovered:
             write_offset(self._file(RECOVERY_POINT), self.recovery_point)
         write_offset(self._file(LOG_START), log_start)
+        self.producer_state.load(log_start, leo, self._producer_batches_from)
         marker = self._file(CLEAN_SHUTDOWN)
         if os.path.exists(marker):
             os.unlink(marker)  # from now on a crash must trigger recovery
@@ -185,6 +194,7 @@ class Log:
             if self._closed:
                 return
             self.flush()
+            self.producer_state.take_snapshot(self.log_end_offset)
             for seg in self._view.segments:
                 seg.close()
             for _, seg in self._pending_deletes:
@@ -217,6 +227,24 @@ class Log:
     def _check_open(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"log {self.path} is closed")
+
+    def _producer_batches_from(self, offset: int):
+        """The idempotent producers' batches of the log from ``offset`` on (state rebuilt
+        after a snapshot); a bad batch ends the replay (recovery has cut the tail)."""
+        for seg in self._view.segments:
+            if seg.next_offset <= offset:
+                continue
+            try:
+                first = seg.translate_offset(offset) if seg.base_offset < offset else None
+                start = first.position if first is not None else 0
+                for h in seg.scan_headers(start):
+                    if h.producer_id >= 0 and h.last_offset >= offset:
+                        yield ProducerBatch(
+                            h.producer_id, h.producer_epoch, h.base_sequence,
+                            last_sequence(h.base_sequence, h.last_offset_delta),
+                            h.base_offset, h.last_offset, h.max_timestamp)
+            except CorruptRecordError:
+                return
 
     def _publish(self, segments, log_start: int, leo: int) -> None:
         segs = tuple(segments)
@@ -302,8 +330,26 @@ class Log:
                                              config.log_append_time)
             else:
                 chunks, infos = self._keep(buf, headers, leader_epoch)
+            batches = _producer_batches(headers, infos, now if assign_offsets
+                                        and config.log_append_time else None)
+            updates = None
+            if batches:
+                # a leader checks a client's batches (KIP-98); a follower's are applied
+                updates, duplicate = self.producer_state.prepare(
+                    batches, validate=assign_offsets, total_batches=len(headers))
+                if duplicate is not None:       # a retry: the original offsets, no write
+                    first, last = duplicate
+                    return AppendResult(first.first_offset, last.last_offset,
+                                        first.timestamp if config.log_append_time else -1,
+                                        duplicate=True)
+                self._pending_producer_batches = batches
             verify = _start_crc_check(buf, headers) if overlap_crc else None
-            self._write(chunks, infos, now, verify)
+            try:
+                self._write(chunks, infos, now, verify)
+            finally:
+                self._pending_producer_batches = []
+            if updates:
+                self.producer_state.commit(updates)
             self._unflushed_messages += sum(h.records_count for h in headers)
             self._maybe_flush(now)
             return AppendResult(infos[0].base_offset, infos[-1].last_offset,
@@ -406,6 +452,8 @@ class Log:
     def _roll(self, base_offset: int) -> LogSegment:
         old = self.active_segment
         old.seal()
+        # the producer state below the new segment, as Kafka snapshots it at every roll
+        self.producer_state.take_snapshot(base_offset, self._pending_producer_batches)
         self._unflushed_segments.append(old)
         new = LogSegment(self.path, base_offset, create=True,
                          index_interval_bytes=self.config.index_interval_bytes)
@@ -532,6 +580,8 @@ class Log:
                 self.recovery_point = leo
                 write_offset(self._file(RECOVERY_POINT), leo)
             self._unflushed_segments = [s for s in self._unflushed_segments if s in keep]
+            # the truncated batches' producer state goes: reload below the new end
+            self.producer_state.load(log_start, leo, self._producer_batches_from)
             return leo
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -546,6 +596,7 @@ class Log:
                              index_interval_bytes=self.config.index_interval_bytes)
             new.created_ms = self._clock()
             self._publish([new], offset, offset)
+            self.producer_state.clear()
             self._unflushed_segments.clear()
             self.recovery_point = offset
             write_offset(self._file(RECOVERY_POINT), offset)
@@ -566,6 +617,7 @@ class Log:
             self._publish(v.segments, offset, v.log_end_offset)
             write_offset(self._file(LOG_START), offset)
             self._delete_segments_below_start()
+            self.producer_state.evict_below(offset, self._view.bases[0])
             return offset
 
     def delete_old_segments(self) -> int:
@@ -620,6 +672,7 @@ class Log:
             write_offset(self._file(LOG_START), log_start)
         for seg in gone:
             self._schedule_delete(seg)
+        self.producer_state.evict_below(log_start, keep[0].base_offset)
 
     def _schedule_delete(self, seg: LogSegment) -> None:
         """Rename to .deleted now (a crash then finishes the job at open); unlink the files
@@ -753,6 +806,20 @@ class Log:
         if held_back and held_back[0].next_offset > first_dirty:
             return held_back[0].max_timestamp + self.config.min_compaction_lag_ms
         return None
+
+
+def _producer_batches(headers: list[BatchHeader], infos: list[BatchInfo],
+                      log_append_time_ms: int | None) -> list[ProducerBatch]:
+    """The idempotent producers' batches of an append, at the offsets they were given."""
+    out = []
+    for h, info in zip(headers, infos):
+        if h.producer_id >= 0:
+            out.append(ProducerBatch(
+                h.producer_id, h.producer_epoch, h.base_sequence,
+                last_sequence(h.base_sequence, h.last_offset_delta), info.base_offset,
+                info.last_offset,
+                info.max_timestamp if log_append_time_ms is None else log_append_time_ms))
+    return out
 
 
 def _first_record_at_or_after(seg: LogSegment, header: BatchHeader, timestamp_ms: int) -> int:

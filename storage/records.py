@@ -95,6 +95,7 @@ ATTRIBUTES_POS = CRC_POS + 4  # 21: the CRC covers from here to the end of the b
 LAST_OFFSET_DELTA_POS = ATTRIBUTES_POS + 2  # 23
 BASE_TIMESTAMP_POS = LAST_OFFSET_DELTA_POS + 4  # 27
 MAX_TIMESTAMP_POS = BASE_TIMESTAMP_POS + 8  # 35
+PRODUCER_ID_POS = MAX_TIMESTAMP_POS + 8  # 43: producer_id, producer_epoch, base_sequence
 RECORDS_COUNT_POS = HEADER_SIZE - 4  # 57
 
 MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49: a batch of zero records

@@ -15,6 +15,7 @@ leader epoch. While no leader is set, ``leader()`` raises LeaderNotAvailableErro
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -54,6 +55,16 @@ def wait_until(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.02,
         time.sleep(interval_s)
 
 
+_PRODUCER_IDS = itertools.count(1000)
+
+
+def fake_producer_ids():
+    """InitProducerId for a fake broker: ids unique in this process (idempotent producers
+    are the default)."""
+    from actors.server.producer_handlers import ProducerIdApis
+    return ProducerIdApis(lambda: next(_PRODUCER_IDS))
+
+
 class FakeBroker:
     """A broker's Kafka listener on 127.0.0.1 (a free port) in this process, in front of
     the replica actors ``leads()`` names: ``{(topic, partition): (leader_epoch, handle)}``
@@ -74,7 +85,7 @@ class FakeBroker:
             leader_epochs=lambda: {tp: e for tp, (e, _) in leads().items()},
             replicas=RayReplicaLookup(Replicas()),
             endpoint=BrokerEndpoint(broker_id, "127.0.0.1", 0))
-        self.apis = KafkaApis(self.backend)
+        self.apis = KafkaApis(self.backend, producers=fake_producer_ids())
         self.backend.on_change = self.apis.notify
         self.server = SocketServer(self.apis, SocketServerConfig(io_threads=4)).start()
         self.address = ("127.0.0.1", self.server.port)
@@ -360,7 +371,7 @@ class RecordingApis(KafkaApis):
     Fetch at once, whatever its wait."""
 
     def __init__(self, backend, *, long_poll: bool = True):
-        super().__init__(backend)
+        super().__init__(backend, producers=fake_producer_ids())
         self.fetches: list = []
         self.produces: list = []
         self.long_poll = long_poll

@@ -211,3 +211,37 @@ def test_consumer_poll_gives_up_on_a_partition_after_its_retries(brokers):
     with pytest.raises(NotLeaderForPartitionError):
         consumer.poll(timeout_ms=30_000)
     assert len(fetch.calls) == 3
+
+
+# -- the idempotent producer ----------------------------------------------------------------
+def test_idempotent_producer_retries_the_same_stamped_bytes_and_numbers_on(brokers):
+    """With idempotence (the default) each batch carries the producer id InitProducerId
+    gave and its partition's next sequence; a retry resends the very same bytes."""
+    from storage.records import parse_header
+    produce = Script(NotLeaderForPartitionError("moved"), ProduceResult(0, 0, -1, 0),
+                     ProduceResult(1, 2, -1, 0))
+    md = brokers(produce=produce)
+    with Producer(md, linger_ms=0, **FAST) as producer:
+        assert producer.idempotent
+        producer.send("t", b"a", partition=0).get(timeout=30)
+        producer.send_batch("t", [b"b", b"c"], partition=0).get(timeout=30)
+    sent = [r for request in md.brokers[0].apis.produces for _, _, r in request]
+    assert len(sent) == 3 and sent[0] == sent[1]
+    headers = [parse_header(r) for r in sent[1:]]
+    assert len({h.producer_id for h in headers}) == 1 and headers[0].producer_id >= 0
+    assert [(h.producer_epoch, h.base_sequence) for h in headers] == [(0, 0), (0, 1)]
+
+
+def test_idempotence_needs_acks_all(brokers):
+    """enable_idempotence=True with acks=1 is a configuration error; acks=1 alone turns
+    idempotence off (Kafka 3.2+), and then batches carry no producer id."""
+    from actors.errors import InvalidConfigurationError
+    md = brokers(produce=Script(ProduceResult(0, 0, -1, 0)))
+    with pytest.raises(InvalidConfigurationError):
+        Producer(md, acks=1, enable_idempotence=True)
+    with Producer(md, acks=1, linger_ms=0, **FAST) as producer:
+        assert not producer.idempotent
+        producer.send("t", b"a", partition=0).get(timeout=30)
+    from storage.records import parse_header
+    [[(_, _, records)]] = md.brokers[0].apis.produces
+    assert parse_header(records).producer_id == -1

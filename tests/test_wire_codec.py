@@ -43,6 +43,8 @@ from kafka.protocol.admin import (AlterConfigsRequest, AlterConfigsResponse,  # 
 from kafka.protocol.admin import (CreateAclsRequest, CreateAclsResponse,  # noqa: E402
                                   DeleteAclsRequest, DeleteAclsResponse,
                                   DescribeAclsRequest, DescribeAclsResponse)
+from kafka.protocol.producer.transaction import (InitProducerIdRequest,  # noqa: E402
+                                                  InitProducerIdResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -74,6 +76,7 @@ ORACLE = {
     wire.DESCRIBE_ACLS: (DescribeAclsRequest, DescribeAclsResponse),
     wire.CREATE_ACLS: (CreateAclsRequest, CreateAclsResponse),
     wire.DELETE_ACLS: (DeleteAclsRequest, DeleteAclsResponse),
+    wire.INIT_PRODUCER_ID: (InitProducerIdRequest, InitProducerIdResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]

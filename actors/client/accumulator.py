@@ -54,7 +54,8 @@ class ProducerBatch:
     __slots__ = ("topic", "partition", "values", "keys", "timestamps", "headers", "size",
                  "count", "created", "closed", "data", "attempts", "retry_at", "sent_at",
                  "attempt_id", "done", "base_offset", "log_append_time", "log_start_offset",
-                 "error", "callbacks", "nbytes", "riders", "broker_id", "_cb_lock")
+                 "error", "callbacks", "nbytes", "riders", "broker_id", "base_sequence",
+                 "_cb_lock")
 
     def __init__(self, topic: str, partition: int, now: float):
         self.topic = topic
@@ -83,6 +84,9 @@ class ProducerBatch:
         # records get the offsets after this batch's); set while in flight
         self.riders: list | None = None
         self.broker_id: int | None = None   # the leader broker of its last attempt
+        # an idempotent producer's first sequence, stamped when the bytes are first sent
+        # and kept by every retry (-1: not stamped)
+        self.base_sequence = -1
         self._cb_lock = threading.Lock()
 
     @property
@@ -133,8 +137,12 @@ class RecordAccumulator:
     """
 
     def __init__(self, *, batch_limit: int, linger_s: float, buffer_memory: int,
-                 max_block_s: float, request_limit: int | None = None):
+                 max_block_s: float, request_limit: int | None = None,
+                 max_group_batches: int | None = None):
         self.batch_limit = batch_limit
+        # an idempotent producer's: at most this many batches of a partition in flight
+        # (the broker remembers 5 per producer), and a retry resends the same group
+        self.max_group_batches = max_group_batches
         self.request_limit = max(request_limit or batch_limit, batch_limit)
         self.linger_s = linger_s
         self.buffer_memory = buffer_memory
@@ -266,7 +274,8 @@ class RecordAccumulator:
                 b.closed = True
                 q.inflight = b
                 ready.append(b)
-                self._add_riders(q, b, now, hurry)
+                if b.riders is None:            # a retried group keeps its riders
+                    self._add_riders(q, b, now, hurry)
             else:
                 wake_at = min(wake_at, b.created + self.linger_s)
         return ready, wake_at
@@ -279,7 +288,8 @@ class RecordAccumulator:
         otherwise drain one batch per round trip (lock held)."""
         size = head.wire_size
         riders = []
-        while q.batches:
+        most = (self.max_group_batches or 1 << 30) - 1
+        while q.batches and len(riders) < most:
             nb = q.batches[0]
             if (nb.retry_at > now
                     or size + nb.wire_size > self.request_limit
@@ -309,6 +319,12 @@ class RecordAccumulator:
             q = self.queues[(batch.topic, batch.partition)]
             if q.inflight is batch:
                 q.inflight = None
+            if self.max_group_batches is not None and batch.base_sequence >= 0:
+                # idempotent: the same batches go again together (the broker answers a
+                # repeated group as one duplicate, and refuses repeated and new mixed)
+                q.batches.appendleft(batch)
+                self.wakeup.notify()
+                return
             riders, batch.riders = batch.riders or [], None
             for b in reversed([batch] + riders):
                 q.batches.appendleft(b)

@@ -22,9 +22,17 @@ Guarantees and their mechanisms:
 - Order per partition (and so per key): at most one request per partition is in flight, and
   a batch that fails retriably goes back to the *head* of its partition's queue. Records of
   one key always map to one partition (for a fixed partition count).
-- At-least-once: a retried request whose first attempt was in fact appended (a timeout, a
-  leader that died after writing) is written again. Nothing acknowledged is lost by the
-  client; durability past a leader's death is the cluster's (acks="all").
+- Exactly once per partition with ``enable_idempotence=True`` (the default, as Kafka 3+;
+  KIP-98, no transactions): the producer gets a producer id (InitProducerId) and numbers
+  each partition's batches; a retried batch that the leader (or, after a failover, the new
+  leader) already has is answered with its original offsets, not written again. It needs
+  acks="all" (setting both ``enable_idempotence=True`` and another acks is an
+  InvalidConfigurationError; another acks alone turns idempotence off, as Kafka 3.2+).
+  A partition then has at most 5 batches in flight (one request), retried together.
+- At-least-once without idempotence: a retried request whose first attempt was in fact
+  appended (a timeout, a leader that died after writing) is written again. Nothing
+  acknowledged is lost by the client; durability past a leader's death is the cluster's
+  (acks="all").
 - Bounded: ``retries`` attempts per batch with exponential backoff (jittered) from
   ``retry_backoff_ms`` to ``retry_backoff_max_ms``, and no retry that would start later than
   ``delivery_timeout_ms`` after the batch was created (Kafka's defaults: retries unbounded,
@@ -59,7 +67,7 @@ from .config import positive_int, validate_config
 from .futures import BatchFuture, FutureRecordMetadata
 from .partitioner import Partitioner
 from .retry import RetryPolicy
-from .sender import Sender
+from .sender import MAX_IN_FLIGHT_BATCHES, Sender
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,7 @@ DEFAULT_CONFIG = {
     "buffer_memory": 32 * 1024 * 1024,
     "metadata_max_age_ms": 300000,
     "client_id": None,
+    "enable_idempotence": True,      # Kafka 3+'s default (needs acks="all")
 }
 
 _ACKS = {0: 0, 1: 1, -1: -1, "all": -1, "0": 0, "1": 1, "-1": -1}
@@ -97,10 +106,21 @@ class Producer:
 
     def __init__(self, metadata, **config):
         self.metadata = metadata
+        explicit_idempotence = "enable_idempotence" in config
         self.config = config = validate_config(config, DEFAULT_CONFIG, "producer")
         acks = config["acks"]
         if acks not in _ACKS or isinstance(acks, bool):
             raise InvalidConfigurationError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
+        idempotent = config["enable_idempotence"]
+        if not isinstance(idempotent, bool):
+            raise InvalidConfigurationError(
+                f"enable_idempotence must be True or False, got {idempotent!r}")
+        if idempotent and _ACKS[acks] != -1:
+            if explicit_idempotence:
+                raise InvalidConfigurationError(
+                    f"enable_idempotence=True needs acks='all', got acks={acks!r}")
+            idempotent = False              # Kafka 3.2+: another acks turns it off
+        self.idempotent = idempotent
         batch_size = positive_int(config, "batch_size", 1)
         linger_s = positive_int(config, "linger_ms") / 1000.0
         retry = RetryPolicy.from_config(config, deadline_key="delivery_timeout_ms")
@@ -128,10 +148,12 @@ class Producer:
         self._accumulator = RecordAccumulator(
             batch_limit=min(batch_size, self._max_request_size), linger_s=linger_s,
             buffer_memory=self._buffer_memory, max_block_s=max_block_s,
-            request_limit=self._max_request_size)
+            request_limit=self._max_request_size,
+            max_group_batches=MAX_IN_FLIGHT_BATCHES if idempotent else None)
         self._sender = Sender(self._accumulator, metadata, retry, acks=_ACKS[acks],
                               request_timeout_ms=request_timeout_ms, codec=self._codec,
-                              invalidate=self._invalidate, client_id=config["client_id"])
+                              invalidate=self._invalidate, client_id=config["client_id"],
+                              idempotent=idempotent)
         self._sender.start()
 
     # -- context manager -----------------------------------------------------------------

@@ -18,6 +18,17 @@ outside the lock:
   closes its broker's connection (as Kafka's NetworkClient does): whatever else is in
   flight there fails with NetworkError and is retried over a new connection.
 
+Idempotence (``idempotent=True``, KIP-98): before the first dispatch the sender asks a
+broker for a producer id (InitProducerId); every batch is stamped, when its bytes are first
+sent, with (producer id, epoch, the partition's next sequence), and keeps them on every
+retry, so a broker that already wrote it answers with the original offsets instead of
+writing it again. A partition has one request in flight holding at most 5 batches (the
+window the broker remembers per producer), retried as the same group. On
+OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID or INVALID_PRODUCER_EPOCH the batch fails
+(its records may be lost: they are reported, never silently retried out of order) and the
+producer bumps its epoch, restarting every partition's sequences at 0 (Kafka's idempotent
+producer, KIP-360); past epoch 32767 it asks for a new producer id.
+
 Thread-safety: completions are handed over under the accumulator's lock; everything else
 runs on the sender thread, except ``stop`` (any thread).
 """
@@ -25,24 +36,35 @@ runs on the sender thread, except ``stop`` (any thread).
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 
 from storage import records as _records
 
 from .. import wire
-from ..errors import NetworkError, RequestTimedOutError
+from ..errors import (InvalidProducerEpochError, NetworkError, OutOfOrderSequenceError,
+                      RequestTimedOutError, UnknownProducerIdError)
 from ..protocol import unwrap
 from .accumulator import ProducerBatch, RecordAccumulator
-from .network import BrokerConnections, parse_produce
+from .network import BrokerConnections, broker_error, parse_produce, wait_answer
 from .retry import RetryPolicy, final_error
 
 log = logging.getLogger(__name__)
+
+_PRODUCER_FIELDS = struct.Struct(">qhi")     # producer_id, producer_epoch, base_sequence
+_CRC = struct.Struct(">I")
 
 # The sender wakes at least this often to check request deadlines.
 SENDER_TICK_S = 0.1
 # An attempt is expired this long after the replica's own timeout (which answers first).
 EXPIRY_GRACE_S = 1.0
+# The errors after which an idempotent producer bumps its epoch (KIP-360).
+_SEQUENCE_ERRORS = (OutOfOrderSequenceError, UnknownProducerIdError, InvalidProducerEpochError)
+MAX_PRODUCER_EPOCH = 32767
+#: The batches of a partition an idempotent producer has in flight (Kafka's limit for
+#: max.in.flight.requests.per.connection with idempotence; the broker keeps 5 per producer).
+MAX_IN_FLIGHT_BATCHES = 5
 
 
 class Sender:
@@ -53,7 +75,7 @@ class Sender:
 
     def __init__(self, accumulator: RecordAccumulator, metadata, retry: RetryPolicy, *,
                  acks: int, request_timeout_ms: int, codec: int, invalidate,
-                 client_id: str | None = None):
+                 client_id: str | None = None, idempotent: bool = False):
         self._acc = accumulator
         self._metadata = metadata
         self._network = BrokerConnections(metadata, client_id=client_id)
@@ -63,6 +85,10 @@ class Sender:
         self._codec = codec
         self._invalidate = invalidate
         self._completions: list = []     # guarded by the accumulator's lock
+        self.idempotent = idempotent
+        self.producer_id = -1            # the idempotent producer's (sender thread only)
+        self.producer_epoch = -1
+        self._sequences: dict[tuple[str, int], int] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="raykafka-producer-sender")
@@ -125,6 +151,13 @@ class Sender:
         queued behind it), grouped by leader broker: one Produce request per broker,
         within ``request_limit`` bytes; the answers arrive as completions."""
         by_broker: dict[int, list] = {}
+        if ready and self.idempotent and self.producer_id < 0:
+            try:
+                self._init_producer_id(ready[0])
+            except Exception as exc:  # noqa: BLE001 - each batch retries (or fails) with it
+                for batch in ready:
+                    self._complete(batch, batch.attempt_id, None, exc)
+                return
         for batch in ready:
             group = self._prepare(batch)
             if group is None:
@@ -168,10 +201,53 @@ class Sender:
                     b.data = _records.build(b.values, b.keys, b.timestamps, b.headers,
                                             compression=self._codec)
                     b.values = b.keys = b.headers = None
+                if self.idempotent and b.base_sequence < 0:
+                    self._stamp(b)
         except Exception as exc:  # noqa: BLE001 - classified in _complete
             self._complete(batch, batch.attempt_id, None, exc)
             return None
         return group
+
+    # -- idempotence -----------------------------------------------------------------------
+    def _init_producer_id(self, batch: ProducerBatch) -> None:
+        """Get a producer id from the leader broker of ``batch`` (any broker can answer)."""
+        broker_id, _ = self._metadata.leader_broker(batch.topic, batch.partition)
+        body = {"transactional_id": None, "transaction_timeout_ms": 60000,
+                "producer_id": -1, "producer_epoch": -1}
+        future = self._network.send(broker_id, wire.INIT_PRODUCER_ID, body)
+        answer = wait_answer(self._network, broker_id, future,
+                             self._request_timeout_ms / 1000.0, "InitProducerId")
+        if answer["error_code"]:
+            raise broker_error(answer["error_code"])
+        self.producer_id, self.producer_epoch = answer["producer_id"], answer["producer_epoch"]
+        self._sequences.clear()
+        log.info("idempotent producer: producer id %d, epoch %d", self.producer_id,
+                 self.producer_epoch)
+
+    def _stamp(self, b: ProducerBatch) -> None:
+        """Write (producer id, epoch, the partition's next sequence) into ``b``'s header
+        (the fields are under the CRC: it is computed again)."""
+        tp = (b.topic, b.partition)
+        seq = self._sequences.get(tp, 0)
+        data = bytearray(b.data)
+        _PRODUCER_FIELDS.pack_into(data, _records.PRODUCER_ID_POS, self.producer_id,
+                                   self.producer_epoch, seq)
+        _CRC.pack_into(data, _records.CRC_POS,
+                       _records.crc32c(memoryview(data)[_records.ATTRIBUTES_POS:]))
+        b.data = bytes(data)
+        b.base_sequence = seq
+        self._sequences[tp] = (seq + b.count) % (1 << 31)
+
+    def _bump_epoch(self, error: BaseException) -> None:
+        """After a sequence error: a new epoch (or, past the last one, a new producer id)
+        and every partition's sequences from 0 (batches already stamped keep theirs)."""
+        self._sequences.clear()
+        if self.producer_epoch >= MAX_PRODUCER_EPOCH:
+            self.producer_id = self.producer_epoch = -1
+        else:
+            self.producer_epoch += 1
+        log.warning("idempotent producer: %r; epoch bumped to %d", unwrap(error),
+                    self.producer_epoch)
 
     def _send(self, broker_id: int, request: list) -> None:
         """One Produce request to ``broker_id`` carrying ``request``: [(batch, its group)],
@@ -267,6 +343,8 @@ class Sender:
                 return
             if self._retry.retriable(error):
                 self._invalidate(batch.topic)
+            if self.idempotent and isinstance(unwrap(error), _SEQUENCE_ERRORS):
+                self._bump_epoch(error)
             for b in group:
                 b.settle(-1, -1, -1, final_error(error))
         batch.riders = None

@@ -85,6 +85,13 @@ class Access:
         principal, host = principal_of(request)
         return authorizer.authorize(principal, host, operation, resource_type, name)
 
+    def allowed_any(self, request, operation: str, resource_type: str) -> bool:
+        authorizer = self._authorizer()
+        if authorizer is None:
+            return True
+        principal, host = principal_of(request)
+        return authorizer.authorize_any(principal, host, operation, resource_type)
+
     def denied(self, request, operation: str, resource_type: str, names) -> set[str]:
         """Those of ``names`` the request's principal may not ``operation``."""
         if self._authorizer() is None:
@@ -221,6 +228,32 @@ class Authorizer:
                 self._cache = {}
             self._cache[key] = decided
         return decided
+
+    def authorize_any(self, principal: str, host: str, operation: str,
+                      resource_type: str) -> bool:
+        """May the principal ``operation`` some resource of the type (Kafka's
+        authorizeByResourceType, which InitProducerId uses: Write on any topic)? An
+        Allow on any pattern of the type, unless a Deny covers every name (``*``)."""
+        if principal in self.super_users:
+            return True
+        with self._lock:
+            entries = [e for (rt, _, _), es in self._patterns.items()
+                       if rt == resource_type for e in es]
+            wildcard = [e for (rt, name, pt), es in self._patterns.items()
+                        if rt == resource_type and pt == "LITERAL" and name == WILDCARD
+                        for e in es]
+        if not entries:
+            return self.allow_everyone_if_no_acl_found
+        kind = principal.partition(":")[0]
+        principals = (principal, f"{kind}:{WILDCARD_PRINCIPAL_TYPE_NAME}")
+        hosts = (host, WILDCARD)
+        if any(e.permission == "Deny" and e.principal in principals and e.host in hosts
+               and e.operation in (operation, "All") for e in wildcard):
+            return False
+        granting = _IMPLIED_BY.get(operation, frozenset({operation, "All"}))
+        return any(e.permission == "Allow" and e.principal in principals and e.host in hosts
+                   and e.operation in granting for e in entries) or \
+            self.allow_everyone_if_no_acl_found
 
     def _decide(self, principal: str, host: str, operation: str, entries) -> bool:
         if not entries:

@@ -29,6 +29,7 @@ from coordination import zk_layout as L
 from coordination.election import read_controller
 from coordination.errors import BrokerIdInUseError as ZkBrokerIdInUseError
 from coordination.errors import CoordinationError, NodeMissingError, ZkUnavailableError
+from coordination.producer_ids import ProducerIdManager
 from coordination.registry import BrokerRegistration
 from coordination.session import ZkSettings, connect, digest_from_config
 from coordination.store import ZkStore
@@ -53,6 +54,7 @@ from .authorizer import Access, AclAdmin, AclFilter, AclWatcher, Authorizer, bin
 from .group_handlers import BrokerGroups, GroupApis
 from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
+from .producer_handlers import ProducerIdApis
 from .network import SocketServer, SocketServerConfig
 from .replica import read_partition_topic_id
 from .replica_manager import RayReplicaActors, ReplicaManager, topic_log_defaults  # noqa: F401
@@ -169,6 +171,8 @@ class Broker:
         self._metadata_stamp = (0, -1)                  # (controller_epoch, request_id)
         self.zk = None
         self.store = None
+        self._producer_ids: ProducerIdManager | None = None
+        self._producer_ids_lock = threading.Lock()
         self.registration = None
         self.controller = None
         self._stopping = threading.Event()
@@ -311,6 +315,7 @@ class Broker:
         self.apis = KafkaApis(self.backend, groups=GroupApis(self.backend, BrokerGroups(
             self.find_coordinator, lambda: self.coordinator, self.broker_id), access),
             admin=self.admin_apis,
+            producers=ProducerIdApis(self._generate_producer_id, access),
             extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)],
             authorizer=lambda: self.authorizer)
         self.backend.on_change = self.apis.notify
@@ -598,6 +603,22 @@ class Broker:
                     scheduling_strategy=raycompat.this_node(),
                 ).remote(self.broker_id, self.conf)
             self.coordinator.partitions_changed.remote(count, changes, list(stamp))
+
+    def _generate_producer_id(self) -> int:
+        """A cluster-unique producer id for InitProducerId, from this broker's block of
+        ``/latest_producer_id_block`` (coordination.producer_ids); ZooKeeper's failures
+        are answered as CoordinatorNotAvailableError (the client retries)."""
+        with self._producer_ids_lock:
+            if self._producer_ids is None:
+                if self.zk is None:
+                    raise CoordinatorNotAvailableError(
+                        f"broker {self.broker_id} has no ZooKeeper session yet")
+                self._producer_ids = ProducerIdManager(self.zk, self.broker_id)
+        try:
+            return self._producer_ids.generate()
+        except CoordinationError as exc:
+            raise CoordinatorNotAvailableError(
+                f"broker {self.broker_id}: cannot reserve producer ids: {exc}") from None
 
     def find_coordinator(self, group_id: str) -> dict:
         """Where group ``group_id``'s coordinator is: ``{"broker_id", "partition"}``. The

@@ -20,7 +20,7 @@ every member's subscription and every member reads its assignment.
 
 Not implemented: the KIP-848 protocol (ConsumerGroupHeartbeat), batched FindCoordinator
 (v4+) and OffsetFetch (v8+), JoinGroup's MEMBER_ID_REQUIRED round (v4+ lets the broker
-skip it), transactional offsets (FindCoordinator of a transaction: COORDINATOR_NOT_AVAILABLE).
+skip it), transactional offsets (FindCoordinator of a transaction: UNSUPPORTED_VERSION).
 Thread-safe: no state of its own.
 """
 
@@ -183,8 +183,10 @@ class GroupApis:
         key = body["key"]
         none = {"throttle_time_ms": 0, "node_id": -1, "host": "", "port": -1}
         if body["key_type"] != 0:
+            # no transactions: answered as a Kafka-compatible broker with transactions
+            # disabled does (non-retriable), not as a coordinator to wait for
             return wire.encode_response_parts(header, {
-                **none, "error_code": _ERR["COORDINATOR_NOT_AVAILABLE"].code,
+                **none, "error_code": _ERR["UNSUPPORTED_VERSION"].code,
                 "error_message": "transactions are not supported"})
         if not key:
             return wire.encode_response_parts(header, {

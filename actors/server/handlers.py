@@ -287,7 +287,8 @@ class KafkaApis:
 
     def __init__(self, backend: Backend, *, purgatory: Purgatory | None = None,
                  clock: Callable[[], float] = time.monotonic, groups=None, admin=None,
-                 extra: Iterable = (), authorizer: Callable[[], Any] = lambda: None):
+                 producers=None, extra: Iterable = (),
+                 authorizer: Callable[[], Any] = lambda: None):
         self.backend = backend
         self.access = Access(authorizer)    # the broker's authorizer (authorizer.py)
         self._clock = clock
@@ -305,6 +306,8 @@ class KafkaApis:
             self._handlers.update(groups.handlers())
         if admin is not None:       # the admin APIs (admin_handlers.AdminApis)
             self._handlers.update(admin.handlers())
+        if producers is not None:   # InitProducerId (producer_handlers.ProducerIdApis)
+            self._handlers.update(producers.handlers())
         for apis in extra:          # more APIs, each with its own handlers() (ACLs, ...)
             self._handlers.update(apis.handlers())
 

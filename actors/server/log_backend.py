@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from storage import Log, LogConfig
+from storage.checkpoint import read_offset, write_offset
 from storage.records import decode_records
 
 from ..errors import UnknownTopicOrPartitionError
@@ -25,6 +26,7 @@ from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topi
 from .epoch_cache import LeaderEpochCache
 from .handlers import BrokerEndpoint, KafkaApis, PartitionMetadata
 from .network import SocketServer, SocketServerConfig
+from .producer_handlers import ProducerIdApis
 
 
 @dataclass
@@ -158,14 +160,39 @@ def list_offset_in_log(log: Log, timestamp: int, high_watermark: int) -> tuple[i
     return -1, offset
 
 
+class FileProducerIds:
+    """Producer ids for InitProducerId without ZooKeeper: blocks of ``block_size`` reserved
+    in the file ``path`` (the last id of the last block, written atomically before any id
+    of the block is handed out), so a restart never hands an id out twice. Thread-safe."""
+
+    def __init__(self, path: str, block_size: int = 1000):
+        self.path = path
+        self.block_size = block_size
+        self._lock = threading.Lock()
+        self._next, self._end = 0, -1
+
+    def generate(self) -> int:
+        with self._lock:
+            if self._next > self._end:
+                last = read_offset(self.path)
+                start = 0 if last is None else last + 1
+                write_offset(self.path, start + self.block_size - 1)
+                self._next, self._end = start, start + self.block_size - 1
+            pid = self._next
+            self._next += 1
+            return pid
+
+
 class LocalBroker:
     """A single-process broker: ``LocalBroker(data_dir).start()``, then ``bootstrap``
-    (``host:port``) for any Kafka client; ``close()`` stops it."""
+    (``host:port``) for any Kafka client; ``close()`` stops it. InitProducerId hands out
+    ids reserved in ``<data_dir>/latest-producer-id-block`` (FileProducerIds)."""
 
     def __init__(self, data_dir: str, *, config: SocketServerConfig | None = None,
                  node_id: int = 0, log_config: LogConfig | None = None):
         self.backend = LogBackend(data_dir, node_id=node_id, config=log_config)
-        self.apis = KafkaApis(self.backend)
+        ids = FileProducerIds(os.path.join(data_dir, "latest-producer-id-block"))
+        self.apis = KafkaApis(self.backend, producers=ProducerIdApis(ids.generate))
         self.backend.on_append = self.apis.notify
         self.server = SocketServer(self.apis, config)
 
@@ -194,4 +221,4 @@ class LocalBroker:
         self.close()
 
 
-__all__ = ["LogBackend", "LocalBroker", "list_offset_in_log"]
+__all__ = ["LogBackend", "LocalBroker", "FileProducerIds", "list_offset_in_log"]
