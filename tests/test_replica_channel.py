@@ -369,3 +369,56 @@ def test_acks_all_waits_end_at_their_timeout_or_at_a_demotion_without_a_thread_e
         chan.close()
     finally:
         replica.stop()
+
+
+def test_a_send_blocked_on_the_replica_never_stops_the_channel_reading_its_pushes():
+    """A replica that writes 32 MiB of watch pushes before it reads another request (as
+    a replica whose watch thread is blocked sending holds up its connection's reader):
+    the broker's 8 MiB produce blocks in its send meanwhile, yet the channel keeps reading
+    the pushes, so both ends move on and the produce is answered. (The channel once sent
+    under the lock its reader takes for every answer: both ends then waited forever.)"""
+    import uuid
+    address = f"\0rk-test-{uuid.uuid4().hex}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(1)
+    push_bytes, pushes = 1 << 20, 32
+    failed = []
+
+    def replica():
+        conn, _ = server.accept()
+        try:
+            def frame():
+                (size,) = struct.unpack("<I", conn.recv(4, socket.MSG_WAITALL))
+                return conn.recv(size, socket.MSG_WAITALL)
+            watch_id, op = struct.unpack_from("<IB", frame())
+            assert op == replica_channel.WATCH
+            head = replica_channel._WATCHED.pack(0, 0, 0, 0, 0, 0)
+            body = b"\0" * push_bytes
+            for _ in range(pushes):                     # read nothing meanwhile
+                conn.sendall(replica_channel._RESP.pack(5 + len(head) + len(body), watch_id,
+                                                        replica_channel.OK) + head + body)
+            request_id, op = struct.unpack_from("<IB", frame())
+            assert op == replica_channel.PRODUCE
+            answer = replica_channel._PRODUCED.pack(0, 0, -1, 0)
+            conn.sendall(replica_channel._RESP.pack(5 + len(answer), request_id,
+                                                    replica_channel.OK) + answer)
+            conn.recv(1)                                # until the channel closes
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=replica, daemon=True)
+    thread.start()
+    chan = ReplicaChannel(address)
+    try:
+        pushed = []
+        wait(chan.watch(lambda ev: pushed.append(len(ev.data))), 5)
+        result = wait(chan.produce(b"\0" * (8 << 20), acks=1), 30)
+        assert result.base_offset == 0
+        assert len(pushed) == pushes and failed == []
+    finally:
+        chan.close()
+        thread.join(10)
+        server.close()

@@ -427,7 +427,14 @@ class ReplicaChannel:
             raise NotLeaderForPartitionError(
                 f"replica channel {address[1:]!r} refused the connection: {exc}") from None
         self._sock.settimeout(None)
-        self._lock = threading.Lock()               # ids, pending map, sends
+        # Two locks: _lock guards the ids, the pending map and the watchers, and the reader
+        # takes it for every answer; _send_lock keeps each frame whole on the socket. A
+        # send can block (the replica is not reading: its own send to us is blocked), so it
+        # never holds _lock: a reader waiting for a blocked sender would stop reading what
+        # the replica sends, and the replica would stop reading what we send (a deadlock of
+        # both sides, seen with 1 MB produces while the watch pushed tails).
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
         self._watchers: dict[int, object] = {}     # watch request id -> callback
         self._next_id = 0
@@ -500,20 +507,22 @@ class ReplicaChannel:
                 future.set_result(None)
             if watcher is not None:
                 self._watchers[request_id] = watcher
-            frame = [_REQ.pack(size, request_id, op), *parts]
-            if payload is not None and len(payload):
-                frame.append(payload)
-            try:
+        frame = [_REQ.pack(size, request_id, op), *parts]
+        if payload is not None and len(payload):
+            frame.append(payload)
+        try:
+            with self._send_lock:
                 total = sum(len(p) for p in frame)
                 sent = self._sock.sendmsg(frame)
                 if sent < total:                      # finish a short send, in order
                     self._sock.sendall(b"".join(bytes(p) for p in frame)[sent:])
-            except OSError as exc:
+        except OSError as exc:
+            with self._lock:
                 self._pending.pop(request_id, None)
                 self._watchers.pop(request_id, None)
-                if not future.done():
-                    future.set_exception(NotLeaderForPartitionError(
-                        f"replica channel {self.address[1:]!r} failed: {exc}"))
+            if not future.done():
+                future.set_exception(NotLeaderForPartitionError(
+                    f"replica channel {self.address[1:]!r} failed: {exc}"))
         return future
 
     def _read_loop(self) -> None:
