@@ -19,9 +19,9 @@ records (values of random bytes, no compression):
   into the RF=3 topic; ``ray_call_p50_ms``: an empty Ray actor call in the same Ray.
 
 Goals (issue 22): confluent produce at RF=1 >= 1,500,000 records/s, consume >= 3,000,000;
-e2e p50 <= 2 x and p99 <= 10 x ray_call_p50_ms. ``--profile SECONDS`` records the leader
-brokers with py-spy during a second confluent RF=1 produce (flame graphs written under
-``--profile-dir``, top functions printed).
+e2e p50 <= 2 x and p99 <= 10 x ray_call_p50_ms. ``--profile SECONDS`` records every broker
+with py-spy during one more confluent RF=1 produce and then its consume (raw stacks written
+under ``--profile-dir``; the busiest threads and top functions printed).
 
 Progress on stderr, a table, then one JSON object as the last line of stdout. About 3-4
 minutes (``--quick``: about 2).
@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,9 +181,11 @@ def _e2e(cluster, topic: str, seconds: float, prefix: str) -> dict:
 
 # -- profile --------------------------------------------------------------------------------
 def _profile(cluster, topic: str, records: int, seconds: int, out_dir: str) -> dict:
-    """py-spy record (``--idle`` off, native frames off) of every broker process for
-    ``seconds`` while a confluent producer writes ``records`` to ``topic``; the flame
-    graphs' paths and each broker's top functions by own samples."""
+    """py-spy record (idle threads not sampled, one frame per thread name) of every broker
+    process for ``seconds`` while a confluent producer writes ``records`` to ``topic``, then
+    again while a consumer reads them back; per broker and run, the busiest threads and
+    the top functions by own samples. The raw (collapsed-stack) files stay in
+    ``out_dir``."""
     import ray
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(spy):
@@ -192,44 +193,55 @@ def _profile(cluster, topic: str, records: int, seconds: int, out_dir: str) -> d
     os.makedirs(out_dir, exist_ok=True)
     pids = [ray.get(cluster.broker(b).pids.remote(), timeout=60)[0]["pid"]
             for b in cluster.broker_ids()]
-    procs = []
-    for pid in pids:
-        raw = os.path.join(out_dir, f"broker-{pid}.txt")
-        procs.append((pid, raw, subprocess.Popen(
-            [spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "100",
-             "--format", "raw", "--output", raw], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)))
-    time.sleep(1)                                 # py-spy attached
-    load = threading.Thread(target=confluent_produce,
-                            args=(cluster.bootstrap_servers, topic, records, "1"))
-    load.start()
-    load.join(WAIT_S)
-    out = {"profile_files": []}
-    for pid, raw, proc in procs:
-        proc.wait(seconds + 60)
-        out["profile_files"].append(raw)
-        say(f"  broker pid {pid}: top functions by own samples ({raw})")
-        for line in _top_functions(raw, 12):
-            say(f"    {line}")
-    return out
+    bootstrap = cluster.bootstrap_servers
+    runs = (("produce", lambda: confluent_produce(bootstrap, topic, records, "1")),
+            ("consume", lambda: confluent_consume(bootstrap, topic, records)))
+    files = []
+    for label, load in runs:
+        procs = []
+        for pid in pids:
+            raw = os.path.join(out_dir, f"{label}-broker-{pid}.txt")
+            procs.append((pid, raw, subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate",
+                 "100", "--threads", "--format", "raw", "--output", raw],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        time.sleep(1)                             # py-spy attached
+        say(f"  {label} under py-spy: {load()}")
+        for pid, raw, proc in procs:
+            proc.wait(seconds + 60)
+            files.append(raw)
+            threads, leaves = _top(raw, 6)
+            say(f"  {label}, broker pid {pid} ({raw}): busiest threads {threads}")
+            for line in leaves:
+                say(f"    {line}")
+    return {"profile_files": files}
 
 
-def _top_functions(raw_path: str, n: int) -> list[str]:
-    """The ``n`` leaf frames with the most samples in a py-spy raw (collapsed) file."""
+def _top(raw_path: str, n: int) -> tuple[str, list[str]]:
+    """From a py-spy raw (collapsed) file recorded with --threads: the share of samples of
+    each of the ``n`` busiest threads, and the ``n`` leaf frames with the most samples."""
     if not os.path.exists(raw_path):
-        return ["(no samples)"]
+        return "(no samples)", []
     own: dict[str, int] = {}
+    per_thread: dict[str, int] = {}
     total = 0
     with open(raw_path) as f:
         for line in f:
             stack, _, count = line.rstrip("\n").rpartition(" ")
             if not stack or not count.isdigit():
                 continue
-            leaf = stack.split(";")[-1]
-            own[leaf] = own.get(leaf, 0) + int(count)
+            frames = stack.split(";")
+            thread = frames[0].split(" (")[0].replace("thread ", "").strip("()")
+            per_thread[thread] = per_thread.get(thread, 0) + int(count)
+            own[frames[-1]] = own.get(frames[-1], 0) + int(count)
             total += int(count)
-    top = sorted(own.items(), key=lambda kv: -kv[1])[:n]
-    return [f"{100 * c / total:5.1f}%  {leaf}" for leaf, c in top] if total else ["(none)"]
+    if not total:
+        return "(none)", []
+    threads = ", ".join(f"{name} {100 * c / total:.0f}%" for name, c in
+                        sorted(per_thread.items(), key=lambda kv: -kv[1])[:n])
+    leaves = [f"{100 * c / total:5.1f}%  {leaf}" for leaf, c in
+              sorted(own.items(), key=lambda kv: -kv[1])[:n]]
+    return threads, leaves
 
 
 # -- the run --------------------------------------------------------------------------------
