@@ -57,6 +57,7 @@ GOAL_CONSUME = 3_000_000
 GOAL_E2E_P50_X = 2.0
 GOAL_E2E_P99_X = 10.0
 WAIT_S = 120
+PROFILE_RATE = 100             # py-spy samples per second
 
 
 def _topic(cluster, name: str, rf: int) -> str:
@@ -181,7 +182,7 @@ def _e2e(cluster, topic: str, seconds: float, prefix: str) -> dict:
 
 # -- profile --------------------------------------------------------------------------------
 def _profile(cluster, topic: str, records: int, seconds: int, out_dir: str) -> dict:
-    """py-spy record (idle threads not sampled, one frame per thread name) of every broker
+    """py-spy record (--gil: only the thread holding the GIL is sampled) of every broker
     process for ``seconds`` while a confluent producer writes ``records`` to ``topic``, then
     again while a consumer reads them back; per broker and run, the busiest threads and
     the top functions by own samples. The raw (collapsed-stack) files stay in
@@ -203,25 +204,28 @@ def _profile(cluster, topic: str, records: int, seconds: int, out_dir: str) -> d
             raw = os.path.join(out_dir, f"{label}-broker-{pid}.txt")
             procs.append((pid, raw, subprocess.Popen(
                 [spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate",
-                 "100", "--threads", "--format", "raw", "--output", raw],
+                 str(PROFILE_RATE), "--gil", "--threads", "--format", "raw", "--output", raw],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
         time.sleep(1)                             # py-spy attached
         say(f"  {label} under py-spy: {load()}")
         for pid, raw, proc in procs:
             proc.wait(seconds + 60)
             files.append(raw)
-            threads, leaves = _top(raw, 6)
-            say(f"  {label}, broker pid {pid} ({raw}): busiest threads {threads}")
+            total, threads, leaves = _top(raw, 6)
+            say(f"  {label}, broker pid {pid} ({raw}): the GIL held in "
+                f"{100 * total / (seconds * PROFILE_RATE):.0f}% of the samples; by thread: "
+                f"{threads}")
             for line in leaves:
                 say(f"    {line}")
     return {"profile_files": files}
 
 
-def _top(raw_path: str, n: int) -> tuple[str, list[str]]:
-    """From a py-spy raw (collapsed) file recorded with --threads: the share of samples of
-    each of the ``n`` busiest threads, and the ``n`` leaf frames with the most samples."""
+def _top(raw_path: str, n: int) -> tuple[int, str, list[str]]:
+    """From a py-spy raw (collapsed) file recorded with --threads: the samples, the share
+    of each of the ``n`` busiest threads, and the ``n`` leaf frames with the most
+    samples."""
     if not os.path.exists(raw_path):
-        return "(no samples)", []
+        return 0, "(no samples)", []
     own: dict[str, int] = {}
     per_thread: dict[str, int] = {}
     total = 0
@@ -231,17 +235,17 @@ def _top(raw_path: str, n: int) -> tuple[str, list[str]]:
             if not stack or not count.isdigit():
                 continue
             frames = stack.split(";")
-            thread = frames[0].split(" (")[0].replace("thread ", "").strip("()")
+            thread = frames[0].split("): ", 1)[-1]       # "thread (tid): name"
             per_thread[thread] = per_thread.get(thread, 0) + int(count)
             own[frames[-1]] = own.get(frames[-1], 0) + int(count)
             total += int(count)
     if not total:
-        return "(none)", []
+        return 0, "(none)", []
     threads = ", ".join(f"{name} {100 * c / total:.0f}%" for name, c in
                         sorted(per_thread.items(), key=lambda kv: -kv[1])[:n])
     leaves = [f"{100 * c / total:5.1f}%  {leaf}" for leaf, c in
               sorted(own.items(), key=lambda kv: -kv[1])[:n]]
-    return threads, leaves
+    return total, threads, leaves
 
 
 # -- the run --------------------------------------------------------------------------------
