@@ -40,3 +40,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== pip install -e .[test,bench]"
 quiet_pip .venv/bin/pip install -q -e ".[test,bench]"
+
+# kafkajs, a test-only pure-JS Kafka client (tests/js, pinned in its package-lock.json),
+# when node is on the machine; tests/test_kafka_clients_matrix.py skips its rows without node.
+if command -v npm >/dev/null 2>&1; then
+  lock_version() { node -p "require('./tests/js/package-lock.json').packages['node_modules/kafkajs'].version"; }
+  have_version() { node -p "require('./tests/js/node_modules/kafkajs/package.json').version" 2>/dev/null || true; }
+  if [ "$(have_version)" != "$(lock_version)" ]; then
+    echo "== npm ci (tests/js: kafkajs)"
+    (cd tests/js && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+fi

@@ -369,3 +369,97 @@ def test_acks_all_waits_end_at_their_timeout_or_at_a_demotion_without_a_thread_e
         chan.close()
     finally:
         replica.stop()
+
+
+PUSHES, PUSH_BYTES = 32, 1 << 20
+
+
+def _pushy_replica():
+    """A fake replica on an abstract socket that, after the WATCH, writes PUSHES pushes of
+    PUSH_BYTES before it reads anything more (as a replica whose watch thread is blocked
+    sending holds up its connection's reader); then answers the PRODUCE and records the
+    POSITION reports until the channel closes. Returns (address, thread, positions,
+    failures)."""
+    import uuid
+    address = f"\0rk-test-{uuid.uuid4().hex}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(1)
+    positions, failed = [], []
+
+    def replica():
+        conn, _ = server.accept()
+        server.close()
+        try:
+            def frame():
+                head = conn.recv(4, socket.MSG_WAITALL)
+                if len(head) < 4:
+                    return None
+                return conn.recv(struct.unpack("<I", head)[0], socket.MSG_WAITALL)
+            watch_id, op = struct.unpack_from("<IB", frame())
+            assert op == replica_channel.WATCH
+            head = replica_channel._WATCHED.pack(0, 0, 0, 0, 0, 0)
+            body = b"\0" * PUSH_BYTES
+            for _ in range(PUSHES):                     # read nothing meanwhile
+                conn.sendall(replica_channel._RESP.pack(5 + len(head) + len(body), watch_id,
+                                                        replica_channel.OK) + head + body)
+            while (got := frame()) is not None:
+                request_id, op = struct.unpack_from("<IB", got)
+                if op == replica_channel.POSITION:
+                    positions.append(replica_channel._POSITION.unpack_from(got, 5)[2])
+                    continue
+                assert op == replica_channel.PRODUCE
+                answer = replica_channel._PRODUCED.pack(0, 0, -1, 0)
+                conn.sendall(replica_channel._RESP.pack(5 + len(answer), request_id,
+                                                        replica_channel.OK) + answer)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=replica, daemon=True)
+    thread.start()
+    return address, thread, positions, failed
+
+
+def test_a_send_blocked_on_the_replica_never_stops_the_channel_reading_its_pushes():
+    """While the fake replica pushes 32 MiB before it reads, the broker's 8 MiB produce
+    blocks in its send, yet the channel keeps reading the pushes, so both ends move on and
+    the produce is answered. (The channel once sent under the lock its reader takes for
+    every answer: both ends then waited forever.)"""
+    address, thread, _, failed = _pushy_replica()
+    chan = ReplicaChannel(address)
+    try:
+        pushed = []
+        wait(chan.watch(lambda ev: pushed.append(len(ev.data))), 5)
+        result = wait(chan.produce(b"\0" * (8 << 20), acks=1), 30)
+        assert result.base_offset == 0
+        assert len(pushed) == PUSHES and failed == []
+    finally:
+        chan.close()
+        thread.join(10)
+
+
+def test_positions_reported_from_the_reader_thread_never_block_it():
+    """A watch callback (the channel's reader thread) reports a follower position on every
+    push while an 8 MiB produce blocks the socket: the reader never waits for the send
+    (position queues what the socket does not take at once), the produce is answered, and
+    the replica receives every report, in order."""
+    address, thread, positions, failed = _pushy_replica()
+    chan = ReplicaChannel(address)
+    try:
+        pushed = []
+
+        def on_push(ev):
+            pushed.append(len(ev.data))
+            chan.position(1, 0, len(pushed))
+        wait(chan.watch(on_push), 5)
+        result = wait(chan.produce(b"\0" * (8 << 20), acks=1), 30)
+        assert result.base_offset == 0 and len(pushed) == PUSHES
+        deadline = time.monotonic() + 10
+        while len(positions) < PUSHES and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert positions == list(range(1, PUSHES + 1)) and failed == []
+    finally:
+        chan.close()
+        thread.join(10)

@@ -427,7 +427,18 @@ class ReplicaChannel:
             raise NotLeaderForPartitionError(
                 f"replica channel {address[1:]!r} refused the connection: {exc}") from None
         self._sock.settimeout(None)
-        self._lock = threading.Lock()               # ids, pending map, sends
+        # Two locks: _lock guards the ids, the pending map and the watchers, and the reader
+        # takes it for every answer; _send_lock keeps each frame whole on the socket. A
+        # send can block (the replica is not reading: its own send to us is blocked), so it
+        # never holds _lock: a reader waiting for a blocked sender would stop reading what
+        # the replica sends, and the replica would stop reading what we send (a deadlock of
+        # both sides, seen with 1 MB produces while the watch pushed tails).
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._deferred: list[bytes] = []            # one-way frames for the sender thread
+        self._deferring = False                     # frames queued or being sent
+        self._deferred_ready = threading.Condition(self._lock)
+        self._sender: threading.Thread | None = None
         self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
         self._watchers: dict[int, object] = {}     # watch request id -> callback
         self._next_id = 0
@@ -465,9 +476,64 @@ class ReplicaChannel:
 
     def position(self, follower_id: int, leader_epoch: int, offset: int) -> None:
         """Tell this leader replica a follower fetched at ``offset`` (no answer: a refusal
-        shows in the follower's next fetch the broker cannot answer from its cache)."""
-        self._request(POSITION, [_POSITION.pack(follower_id, leader_epoch, offset)], None,
-                      answered=False)
+        shows in the follower's next fetch the broker cannot answer from its cache).
+
+        Never blocks: it runs on channel reader threads (a follower's fetch completed by a
+        watch push), and a reader that waits for a send waits for a replica that may be
+        waiting for that reader (see _send_lock). Sent at once when the socket takes it
+        without waiting, else queued for the channel's sender thread; reports stay in
+        call order."""
+        body = _POSITION.pack(follower_id, leader_epoch, offset)
+        with self._lock:
+            if self._dead is not None:
+                return
+            request_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            frame = _REQ.pack(5 + len(body), request_id, POSITION) + body
+            queued = self._deferring
+        if not queued and self._send_lock.acquire(blocking=False):
+            try:
+                sent = self._sock.send(frame, socket.MSG_DONTWAIT)
+                if sent == len(frame):
+                    return
+                if sent:                  # (a few bytes into a stream socket: not seen)
+                    self._sock.sendall(frame[sent:])
+                    return
+            except BlockingIOError:
+                pass
+            except OSError:
+                return                    # the channel is failing: its reader says so
+            finally:
+                self._send_lock.release()
+        self._defer(frame)
+
+    def _defer(self, frame: bytes) -> None:
+        with self._lock:
+            if self._dead is not None:
+                return
+            self._deferred.append(frame)
+            self._deferring = True
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_deferred, daemon=True,
+                                                name="channel-send")
+                self._sender.start()
+            self._deferred_ready.notify()
+
+    def _send_deferred(self) -> None:
+        """The sender thread: writes queued one-way frames in order (it may wait on the
+        socket; no reader waits for it)."""
+        while True:
+            with self._lock:
+                while not self._deferred and self._dead is None:
+                    self._deferring = False
+                    self._deferred_ready.wait()
+                if self._dead is not None:
+                    return
+                frames, self._deferred = self._deferred, []
+            try:
+                with self._send_lock:
+                    self._sock.sendall(b"".join(frames))
+            except OSError:
+                return                    # the reader fails the channel
 
     def watch(self, callback) -> concurrent.futures.Future:
         """Have the replica tell this channel whenever its high watermark, log end offset
@@ -500,20 +566,22 @@ class ReplicaChannel:
                 future.set_result(None)
             if watcher is not None:
                 self._watchers[request_id] = watcher
-            frame = [_REQ.pack(size, request_id, op), *parts]
-            if payload is not None and len(payload):
-                frame.append(payload)
-            try:
+        frame = [_REQ.pack(size, request_id, op), *parts]
+        if payload is not None and len(payload):
+            frame.append(payload)
+        try:
+            with self._send_lock:
                 total = sum(len(p) for p in frame)
                 sent = self._sock.sendmsg(frame)
                 if sent < total:                      # finish a short send, in order
                     self._sock.sendall(b"".join(bytes(p) for p in frame)[sent:])
-            except OSError as exc:
+        except OSError as exc:
+            with self._lock:
                 self._pending.pop(request_id, None)
                 self._watchers.pop(request_id, None)
-                if not future.done():
-                    future.set_exception(NotLeaderForPartitionError(
-                        f"replica channel {self.address[1:]!r} failed: {exc}"))
+            if not future.done():
+                future.set_exception(NotLeaderForPartitionError(
+                    f"replica channel {self.address[1:]!r} failed: {exc}"))
         return future
 
     def _read_loop(self) -> None:
@@ -580,6 +648,8 @@ class ReplicaChannel:
                 self._dead = exc
             pending, self._pending = self._pending, {}
             self._watchers = {}
+            self._deferred = []
+            self._deferred_ready.notify_all()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -709,6 +709,15 @@ def cmd_perf_storage(args) -> int:
     return subprocess.call(cmd)
 
 
+def cmd_perf_clients(args) -> int:
+    script = os.path.join(_repo_root(), "benchmarks", "clients_bench.py")
+    if not os.path.exists(script):
+        raise KafkaError(f"benchmark script not found: {script}")
+    cmd = [sys.executable, script] + (["--quick"] if args.quick else []) + (
+        ["--profile", str(args.profile)] if args.profile else [])
+    return subprocess.call(cmd)
+
+
 def cmd_perf_scale(args) -> int:
     from . import perf
     summary = perf.scale(sizes=args.sizes, brokers=args.brokers, idle_s=args.idle_seconds,
@@ -912,6 +921,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  "to measure latency below saturation")
     ps = cmd(perf_sub, "storage", cmd_perf_storage, "the storage engine benchmark", parents=())
     ps.add_argument("--quick", action="store_true", help="a shorter run")
+    ps = cmd(perf_sub, "clients", cmd_perf_clients, "Kafka clients (confluent-kafka) against "
+             "raykafka's own clients and Redis Streams, and librdkafka's end-to-end latency "
+             "(starts its own private Ray and cluster)", parents=())
+    ps.add_argument("--quick", action="store_true", help="a shorter run")
+    ps.add_argument("--profile", type=_positive_int, default=None, metavar="SECONDS",
+                    help="py-spy the brokers for this long during an extra produce run")
     ps = cmd(perf_sub, "scale", cmd_perf_scale, "the cost of a partition: replicas next to "
              "bare Ray actors (starts its own private Ray and cluster)", parents=())
     ps.add_argument("--sizes", type=_increasing_sizes, default=(10, 30, 60), metavar="N,N,...",
