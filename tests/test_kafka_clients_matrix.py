@@ -35,13 +35,14 @@ from tests.cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # 
                                    wait_until)
 
 ck = pytest.importorskip("confluent_kafka")
+import confluent_kafka.admin  # noqa: E402  (ck.admin)
 kafka = pytest.importorskip("kafka")
 aiokafka = pytest.importorskip("aiokafka")
 
-# The one switch for the idempotent producer (InitProducerId). Off until the broker serves
-# it: kafka-python 3.0 would ask for it by default (its enable_idempotence=True) and fail.
-# When on, every client's acks=all producer is idempotent (idempotence needs acks=all).
-IDEMPOTENT = False
+# The one switch for the idempotent producer (InitProducerId, served since issue 22's
+# idempotent producer): every client's acks=all producer is idempotent (idempotence needs
+# acks=all).
+IDEMPOTENT = True
 
 CONFIG = {**FAST_CONFIG, "group.initial.rebalance.delay.ms": 0,
           "offsets.topic.num.partitions": 3, "offsets.topic.replication.factor": 3,
@@ -86,6 +87,9 @@ class ClientRow:
     seek_read: Callable
     # (bootstrap, topic, partition, timestamp_ms) -> offset of the first record at or after
     offset_for_time: Callable
+    # (bootstrap, topic, config) -> {name: value}: create the topic (ADMIN_PARTITIONS,
+    # RF=3, ``config``), describe its configs ``config`` names, delete it
+    admin: Callable
 
 
 def _acks_name(acks: int):
@@ -330,17 +334,76 @@ def _js_offset_for_time(bootstrap, topic, partition, timestamp_ms):
                timestamp=str(timestamp_ms))["offsets"][str(partition)]
 
 
+# -- the admin column: create (with a config), describe configs, delete -------------------
+ADMIN_PARTITIONS = 3
+
+
+def _confluent_admin(bootstrap, topic, config):
+    admin = ck.admin.AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([ck.admin.NewTopic(topic, ADMIN_PARTITIONS, 3, config=config)]
+                        )[topic].result(DEADLINE_S)
+    resource = ck.admin.ConfigResource(ck.admin.ConfigResource.Type.TOPIC, topic)
+    got = admin.describe_configs([resource])[resource].result(DEADLINE_S)
+    admin.delete_topics([topic])[topic].result(DEADLINE_S)
+    return {k: got[k].value for k in config}
+
+
+def _kp_admin(bootstrap, topic, config):
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, ADMIN_PARTITIONS, 3, topic_configs=config)])
+        answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                        list(config))])
+        (by_name,) = [names[topic] for names in answer.values() if topic in names]
+        admin.delete_topics([topic])
+        return {k: _kp_config_value(by_name[k]) for k in config}
+    finally:
+        admin.close()
+
+
+def _kp_config_value(entry):
+    return entry["value"] if isinstance(entry, dict) else entry
+
+
+def _aio_admin(bootstrap, topic, config):
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    async def run():
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, ADMIN_PARTITIONS, 3,
+                                                topic_configs=config)])
+            (answer,) = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic)])
+            entries = {c[0]: c[1] for c in answer.resources[0][4]}
+            await admin.delete_topics([topic])
+            return {k: entries[k] for k in config}
+        finally:
+            await admin.close()
+    return asyncio.run(run())
+
+
+def _js_admin(bootstrap, topic, config):
+    answer = _js(bootstrap, "admin", topic=topic, partitions=ADMIN_PARTITIONS,
+                 replication_factor=3, config=config)
+    return answer["config"]
+
+
 CLIENTS = {
     "confluent-kafka": ClientRow(ALL_CODECS, _confluent_produce, _confluent_group_read,
-                                 _confluent_seek_read, _confluent_offset_for_time),
+                                 _confluent_seek_read, _confluent_offset_for_time,
+                                 _confluent_admin),
     "kafka-python": ClientRow(ALL_CODECS, _kp_produce, _kp_group_read, _kp_seek_read,
-                              _kp_offset_for_time),
+                              _kp_offset_for_time, _kp_admin),
     "aiokafka": ClientRow(ALL_CODECS, _aio_produce, _aio_group_read, _aio_seek_read,
-                          _aio_offset_for_time),
+                          _aio_offset_for_time, _aio_admin),
     # kafkajs has gzip built in; snappy, lz4 and zstd need codec packages of their own
     # (kafkajs-snappy, kafkajs-lz4, @kafkajs/zstd, a native build): not installed here
     "kafkajs": ClientRow(("none", "gzip"), _js_produce, _js_group_read, _js_seek_read,
-                         _js_offset_for_time),
+                         _js_offset_for_time, _js_admin),
 }
 clients = pytest.mark.parametrize("name", list(CLIENTS))
 
@@ -467,6 +530,18 @@ def test_group_commit_and_a_restart_resumes_after_the_commit(cluster, name):
     assert sorted((p, o) for p, o, _ in got) == sorted(
         (p, o) for p in range(GROUP_PARTITIONS)
         for o in range(PER_PARTITION, 2 * PER_PARTITION))
+
+
+@clients
+def test_admin_creates_describes_and_deletes_a_topic(cluster, name):
+    """The client's admin creates a 3-partition RF=3 topic with a config, describes the
+    config back, and deletes the topic (then gone from raykafka's topic list)."""
+    topic = f"mx-admin-{name}"
+    config = {"retention.ms": "123456"}
+    got = CLIENTS[name].admin(cluster.bootstrap_servers, topic, config)
+    assert got == config
+    wait_until(lambda: topic not in cluster.admin().list_topics(), timeout_s=DEADLINE_S,
+               what=f"{topic} deleted")
 
 
 @clients

@@ -130,7 +130,35 @@ async function offsetsForTimes(kafka, req) {
   }
 }
 
-const OPS = { produce, group, seek, offsets_for_times: offsetsForTimes };
+// admin {topic, partitions, replication_factor, config: {name: value}}
+//     createTopics (waiting for leaders), describeConfigs of the topic, deleteTopics.
+//     -> {"created": bool, "config": {name: value of the names asked}}
+async function adminRound(kafka, req) {
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    const created = await admin.createTopics({
+      waitForLeaders: true, timeout: req.timeout_ms,
+      topics: [{
+        topic: req.topic, numPartitions: req.partitions,
+        replicationFactor: req.replication_factor,
+        configEntries: Object.entries(req.config).map(([name, value]) => ({ name, value })),
+      }],
+    });
+    const described = await admin.describeConfigs({
+      includeSynonyms: false,
+      resources: [{ type: 2, name: req.topic, configNames: Object.keys(req.config) }],
+    });
+    const config = {};
+    for (const e of described.resources[0].configEntries) config[e.configName] = e.configValue;
+    await admin.deleteTopics({ topics: [req.topic], timeout: req.timeout_ms });
+    return { created, config };
+  } finally {
+    await admin.disconnect();
+  }
+}
+
+const OPS = { produce, group, seek, offsets_for_times: offsetsForTimes, admin: adminRound };
 
 async function main() {
   const chunks = [];
