@@ -66,6 +66,8 @@ SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -88,6 +90,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
+    # SASL: v0 handshake's raw token framing is not implemented (SaslAuthenticate after it)
+    SASL_HANDSHAKE: (0, 1),
+    SASL_AUTHENTICATE: (0, 2),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -97,7 +102,8 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              SYNC_GROUP: "SyncGroup", HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup",
              OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch",
              LIST_GROUPS: "ListGroups", DESCRIBE_GROUPS: "DescribeGroups",
-             DELETE_GROUPS: "DeleteGroups"}
+             DELETE_GROUPS: "DeleteGroups",
+             SASL_HANDSHAKE: "SaslHandshake", SASL_AUTHENTICATE: "SaslAuthenticate"}
 
 
 class InvalidRequestError(KafkaError):
@@ -118,7 +124,8 @@ class InvalidRequestError(KafkaError):
 # One line per field: name, type, versions, then options: null:V (nullable in versions V),
 # tag:N (a tagged field), =X (default). Types: int8 int16 int32 int64 bool string bytes
 # records uuid, []int32 / []int64 / []string (arrays of numbers or strings), [] (array of
-# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0".
+# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0". A message line
+# without flexible:V is never flexible; lines starting with "#" are comments.
 _SCHEMAS = """
 ApiVersionsRequest 18 flexible:3+
   client_software_name string 3+
@@ -441,6 +448,21 @@ DeleteGroupsResponse 42 flexible:2+
   results [] 0+
     group_id string 0+
     error_code int16 0+
+
+# -- SASL (issue 23): SaslHandshake, SaslAuthenticate ---------------------------------------
+SaslHandshakeRequest 17
+  mechanism string 0+
+SaslHandshakeResponse 17
+  error_code int16 0+
+  mechanisms []string 0+
+
+SaslAuthenticateRequest 36 flexible:2+
+  auth_bytes bytes 0+
+SaslAuthenticateResponse 36 flexible:2+
+  error_code int16 0+
+  error_message string 0+ null:0+
+  auth_bytes bytes 0+
+  session_lifetime_ms int64 1+ =0
 """
 
 _NO_MAX = 1 << 15
@@ -543,12 +565,13 @@ def _parse_schemas(text: str) -> dict[tuple[int, str], _Message]:
                       "response")] = _Message(current[0], current[1], current[2], fields)
 
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or line.startswith("#"):
             continue
         if not line.startswith(" "):
             close()
-            name, key, flexible = line.split()
-            current, items = (name, int(key), _versions(flexible[9:])[0]), []
+            name, key, *flexible = line.split()     # no flexible:V: never flexible
+            current, items = (name, int(key), _versions(flexible[0][9:])[0] if flexible
+                                    else _NO_MAX), []
         else:
             items.append(_parse_field(line))
     close()
@@ -1264,6 +1287,9 @@ _TYPED = {
     "InconsistentClusterIdError": "INCONSISTENT_CLUSTER_ID",
     "KafkaTimeoutError": "REQUEST_TIMED_OUT",       # the client's own; the wire's is 7
     "NetworkError": "NETWORK_EXCEPTION",
+    "SaslAuthenticationError": "SASL_AUTHENTICATION_FAILED",
+    "UnsupportedSaslMechanismError": "UNSUPPORTED_SASL_MECHANISM",
+    "IllegalSaslStateError": "ILLEGAL_SASL_STATE",
 }
 _CLASS_CODES: dict[type, int] = {}
 _CODE_CLASSES: dict[int, type] = {}
@@ -1318,6 +1344,7 @@ __all__ = [
     "PRODUCE", "FETCH", "LIST_OFFSETS", "METADATA", "API_VERSIONS", "OFFSET_FOR_LEADER_EPOCH",
     "OFFSET_COMMIT", "OFFSET_FETCH", "FIND_COORDINATOR", "JOIN_GROUP", "HEARTBEAT",
     "LEAVE_GROUP", "SYNC_GROUP", "DESCRIBE_GROUPS", "LIST_GROUPS", "DELETE_GROUPS",
+    "SASL_HANDSHAKE", "SASL_AUTHENTICATE",
     "SUPPORTED_VERSIONS", "API_NAMES", "InvalidRequestError", "BrokerResponseError",
     "RequestHeader", "ErrorCode", "ERRORS", "ERRORS_BY_NAME", "NONE", "error_code",
     "error_for_code", "decode_request_header", "decode_request_body", "decode_request",

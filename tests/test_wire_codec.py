@@ -31,6 +31,9 @@ from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorRespo
 from kafka.protocol.admin import (DeleteGroupsRequest, DeleteGroupsResponse,  # noqa: E402
                                   DescribeGroupsRequest, DescribeGroupsResponse,
                                   ListGroupsRequest, ListGroupsResponse)
+from kafka.protocol.sasl import (SaslAuthenticateRequest,  # noqa: E402
+                                 SaslAuthenticateResponse, SaslHandshakeRequest,
+                                 SaslHandshakeResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -50,6 +53,8 @@ ORACLE = {
     wire.LIST_GROUPS: (ListGroupsRequest, ListGroupsResponse),
     wire.DESCRIBE_GROUPS: (DescribeGroupsRequest, DescribeGroupsResponse),
     wire.DELETE_GROUPS: (DeleteGroupsRequest, DeleteGroupsResponse),
+    wire.SASL_HANDSHAKE: (SaslHandshakeRequest, SaslHandshakeResponse),
+    wire.SASL_AUTHENTICATE: (SaslAuthenticateRequest, SaslAuthenticateResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]
