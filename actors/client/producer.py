@@ -55,6 +55,7 @@ from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurat
                       UnknownTopicOrPartitionError, UnsupportedCodecError)
 from .accumulator import (BATCH_OVERHEAD, RECORD_OVERHEAD_MAX, RecordAccumulator,
                           cut_and_build)
+from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .futures import BatchFuture, FutureRecordMetadata
 from .partitioner import Partitioner
@@ -81,6 +82,7 @@ DEFAULT_CONFIG = {
     "buffer_memory": 32 * 1024 * 1024,
     "metadata_max_age_ms": 300000,
     "client_id": None,
+    **SECURITY_DEFAULTS,
 }
 
 _ACKS = {0: 0, 1: 1, -1: -1, "all": -1, "0": 0, "1": 1, "-1": -1}
@@ -131,7 +133,8 @@ class Producer:
             request_limit=self._max_request_size)
         self._sender = Sender(self._accumulator, metadata, retry, acks=_ACKS[acks],
                               request_timeout_ms=request_timeout_ms, codec=self._codec,
-                              invalidate=self._invalidate, client_id=config["client_id"])
+                              invalidate=self._invalidate, client_id=config["client_id"],
+                              security=ClientSecurity.from_config(config))
         self._sender.start()
 
     # -- context manager -----------------------------------------------------------------
