@@ -322,8 +322,8 @@ class KafkaConnection:
             raise NetworkError(f"broker at {self.host}:{self.port} did not answer "
                                f"ApiVersions within {timeout_s}s") from None
         except NetworkError as exc:
-            if not tls and "closed" in str(exc):
-                raise NetworkError(f"{exc} during ApiVersions (a TLS listener, and "
+            if not tls:         # e.g. a TLS alert read as a response size, or a reset
+                raise NetworkError(f"{exc} during ApiVersions (is it a TLS listener, and "
                                    f"security_protocol without SSL?)") from None
             raise
         except Exception as exc:  # noqa: BLE001 - not a Kafka broker, or a broken one

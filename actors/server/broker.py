@@ -27,10 +27,11 @@ import ray
 
 from coordination import zk_layout as L
 from coordination.credentials import (SCRAM_MECHANISMS, CredentialCache, CredentialStore,
-                                      scram_credential)
+                                      ScramCredential, scram_credential)
 from coordination.election import read_controller
 from coordination.errors import BrokerIdInUseError as ZkBrokerIdInUseError
-from coordination.errors import CoordinationError, NodeMissingError, ZkUnavailableError
+from coordination.errors import (CoordinationError, NodeMissingError, ZkDataError,
+                                 ZkUnavailableError)
 from coordination.registry import BrokerRegistration
 from coordination.session import ZkSettings, connect
 from coordination.store import ZkStore
@@ -338,6 +339,37 @@ class Broker:
                 "port": endpoint.port if endpoint else None,
                 "listeners": [{"name": n, "host": h, "port": p}
                               for n, h, p in (endpoint.listeners if endpoint else ())]}
+
+    # -- SCRAM credentials (computed by the caller: no password reaches a broker) -----------
+    def set_user_credentials(self, user: str, credentials: dict[str, str]) -> None:
+        """Store ``user``'s credentials (mechanism -> Kafka's credential string) in
+        /config/users/<user> and notify the brokers."""
+        try:
+            parsed = {m: ScramCredential.from_string(c) for m, c in credentials.items()
+                      if m in SCRAM_MECHANISMS}
+            if len(parsed) != len(credentials) or not parsed:
+                raise ValueError(f"mechanisms must be some of {', '.join(SCRAM_MECHANISMS)}")
+            CredentialStore(self.zk).set(user, parsed)
+        except (ValueError, ZkDataError) as exc:
+            raise IllegalArgumentError(f"user {user!r}: {exc}") from None
+        except ZkUnavailableError as exc:
+            raise ZooKeeperUnavailableError(str(exc)) from None
+
+    def delete_user(self, user: str) -> bool:
+        try:
+            return CredentialStore(self.zk).delete(user)
+        except ValueError as exc:
+            raise IllegalArgumentError(str(exc)) from None
+        except ZkUnavailableError as exc:
+            raise ZooKeeperUnavailableError(str(exc)) from None
+
+    def list_users(self) -> dict[str, list[str]]:
+        """Every user with SCRAM credentials -> the mechanisms it has."""
+        store = CredentialStore(self.zk)
+        try:
+            return {u: sorted(store.get(u)) for u in store.users()}
+        except ZkUnavailableError as exc:
+            raise ZooKeeperUnavailableError(str(exc)) from None
 
     def listener_stats(self) -> dict:
         """Each listener's SocketServer counters, by listener name (tests, tools)."""
