@@ -168,8 +168,12 @@ def test_kafka_python_produces_over_sasl_ssl_scram(cluster, pki):
         producer.send(topic, value=b"kp%d" % i, partition=0).get(30)
     producer.close()
     consumer = kafka.KafkaConsumer(topic, auto_offset_reset="earliest",
-                                   consumer_timeout_ms=10000, **sec)
-    values = sorted(m.value for m in consumer)
+                                   consumer_timeout_ms=20000, **sec)
+    values = []
+    for message in consumer:
+        values.append(message.value)
+        if len(values) == 5:
+            break
     consumer.close()
     assert values == [b"kp%d" % i for i in range(5)]
 
