@@ -141,12 +141,20 @@ def signal_processes(procs: list[dict], signum: int, *,
     return done
 
 
-def bootstrap_servers_of(metadata: dict) -> str:
-    """``"host:port,..."`` of the brokers a metadata snapshot lists, by broker id."""
+def bootstrap_servers_of(metadata: dict, listener: str | None = None) -> str:
+    """``"host:port,..."`` of the brokers a metadata snapshot lists, by broker id: their
+    first listener, or the one named ``listener``."""
     brokers = metadata.get("brokers") or {}
-    return ",".join(f"{b['host']}:{b['port']}"
-                    for _, b in sorted(brokers.items(), key=lambda kv: int(kv[0]))
-                    if b.get("port"))
+    out = []
+    for _, b in sorted(brokers.items(), key=lambda kv: int(kv[0])):
+        if not b.get("port"):
+            continue
+        if listener is None:
+            out.append(f"{b['host']}:{b['port']}")
+            continue
+        out.extend(f"{host}:{port}" for name, _, host, port in b.get("listeners") or ()
+                   if name == listener.upper())
+    return ",".join(out)
 
 
 class Cluster:
@@ -306,6 +314,10 @@ class Cluster:
         """Every live broker's Kafka listener, ``"host:port,host:port"`` (by broker id),
         as the controller's latest metadata lists them: Kafka's ``bootstrap.servers``."""
         return bootstrap_servers_of(self.metadata.refresh())
+
+    def bootstrap_servers_for(self, listener: str) -> str:
+        """``bootstrap_servers`` of the listener named ``listener`` (e.g. ``SASL_SSL``)."""
+        return bootstrap_servers_of(self.metadata.refresh(), listener)
 
     # -- clients ---------------------------------------------------------------------------------------
     def admin(self):

@@ -21,6 +21,14 @@ Versions: at connect the connection asks ApiVersions (v3, or v0 when the broker 
 it, KIP-511) and keeps, per API, the highest version both the broker and ``actors.wire``
 know; ``request`` uses it unless told otherwise.
 
+Security (``ClientSecurity``, kafka-python's setting names): over SSL and SASL_SSL the
+connection speaks TLS through an ``ssl.SSLObject`` on memory buffers (its handshake at
+connect, within the connect timeout; one lock around the TLS state, so the reader thread
+and the senders never use it at once). Over SASL_PLAINTEXT and SASL_SSL it authenticates
+after ApiVersions: SaslHandshake v1, then SaslAuthenticate with SCRAM-SHA-256/512's or
+PLAIN's tokens; a refusal raises SaslAuthenticationError or UnsupportedSaslMechanismError
+(not retriable: the same settings fail again) and closes the connection.
+
 Thread-safe: any thread may call ``request``; sends are serialised by a lock (a frame is
 written whole, in correlation order); responses are read and decoded on one reader thread
 per connection, which also runs the futures' callbacks (keep them short).
@@ -28,19 +36,102 @@ per connection, which also runs the futures' callbacks (keep them short).
 
 from __future__ import annotations
 
+import base64
 import collections
 import concurrent.futures
+import hmac
+import os
 import socket
+import ssl
 import struct
 import threading
+import time
+from dataclasses import dataclass
+
+from coordination.credentials import SCRAM_MECHANISMS, keys_of, salted_password
 
 from . import wire
-from .errors import KafkaError, NetworkError
+from .errors import (IllegalSaslStateError, InvalidConfigurationError, KafkaError,
+                     NetworkError, SaslAuthenticationError, UnsupportedSaslMechanismError)
 
 _SIZE = struct.Struct(">i")
 DEFAULT_MAX_RESPONSE_BYTES = 256 << 20     # a fetch answer is bounded by its max_bytes
 CONNECT_TIMEOUT_S = 5.0
 _IOV_MAX = 512
+_TLS_READ = 256 * 1024
+
+#: The clients' security settings (kafka-python's names) and their defaults.
+SECURITY_DEFAULTS = {
+    "security_protocol": "PLAINTEXT",
+    "sasl_mechanism": "PLAIN",
+    "sasl_plain_username": None,
+    "sasl_plain_password": None,
+    "ssl_cafile": None,
+    "ssl_certfile": None,
+    "ssl_keyfile": None,
+    "ssl_check_hostname": True,
+}
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How a connection secures itself: ``ClientSecurity.from_config(config)`` from a
+    client's config (the keys of ``SECURITY_DEFAULTS``). The password is kept out of
+    ``repr``."""
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str = "PLAIN"
+    username: str | None = None
+    password: str | None = None
+    ssl_context: ssl.SSLContext | None = None
+    check_hostname: bool = True
+
+    def __repr__(self) -> str:
+        return (f"ClientSecurity({self.protocol}, mechanism={self.mechanism}, "
+                f"username={self.username!r})")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol.endswith("SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL")
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ClientSecurity":
+        protocol = str(config.get("security_protocol") or "PLAINTEXT").upper()
+        if protocol not in _PROTOCOLS:
+            raise InvalidConfigurationError(f"security_protocol must be one of "
+                                            f"{', '.join(_PROTOCOLS)}, got {protocol!r}")
+        mechanism = str(config.get("sasl_mechanism") or "PLAIN").upper()
+        if protocol.startswith("SASL"):
+            if mechanism not in _MECHANISMS:
+                raise InvalidConfigurationError(f"sasl_mechanism must be one of "
+                                                f"{', '.join(_MECHANISMS)}, got {mechanism!r}")
+            if not config.get("sasl_plain_username") or \
+                    config.get("sasl_plain_password") is None:
+                raise InvalidConfigurationError(f"{protocol} needs sasl_plain_username and "
+                                                f"sasl_plain_password")
+        context = None
+        if protocol.endswith("SSL"):
+            context = ssl.create_default_context(cafile=config.get("ssl_cafile"))
+            context.check_hostname = bool(config.get("ssl_check_hostname", True))
+            if config.get("ssl_certfile"):
+                context.load_cert_chain(config["ssl_certfile"], config.get("ssl_keyfile"))
+        return cls(protocol, mechanism, config.get("sasl_plain_username"),
+                   config.get("sasl_plain_password"), context,
+                   bool(config.get("ssl_check_hostname", True)))
+
+
+PLAINTEXT = ClientSecurity()
+
+
+def security_config(config: dict) -> dict:
+    """The security settings of a client config (the others dropped)."""
+    return {k: config[k] for k in SECURITY_DEFAULTS if k in config}
 
 
 class KafkaConnection:
@@ -49,16 +140,24 @@ class KafkaConnection:
     def __init__(self, host: str, port: int, *, client_id: str = "raykafka",
                  connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-                 versions: dict[int, int] | None = None):
+                 versions: dict[int, int] | None = None,
+                 security: ClientSecurity = PLAINTEXT):
         self.host, self.port = host, int(port)
         self.client_id = client_id
         self.max_response_bytes = max_response_bytes
+        self.security = security
+        deadline = time.monotonic() + connect_timeout_s
         try:
             self._sock = socket.create_connection((host, self.port), timeout=connect_timeout_s)
         except OSError as exc:
             raise NetworkError(f"cannot connect to broker at {host}:{port}: {exc}") from None
-        self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._tls: ssl.SSLObject | None = None
+        self._tls_lock = threading.Lock()          # the TLS object and its buffers
+        self._plain = bytearray()                  # decrypted, not yet taken
+        if security.tls:
+            self._tls_handshake(deadline)
+        self._sock.settimeout(None)
         self._lock = threading.Lock()              # correlation ids, the queue, sends
         self._waiting: collections.deque = collections.deque()  # (cid, key, version, fut)
         self._next_id = 0
@@ -67,7 +166,13 @@ class KafkaConnection:
                                         name=f"kafka-conn-{host}:{port}")
         self._reader.start()
         self.versions = dict(versions) if versions is not None else \
-            self._negotiate(connect_timeout_s)
+            self._negotiate(max(0.1, deadline - time.monotonic()), security.tls)
+        if security.sasl:
+            try:
+                self._authenticate(max(0.1, deadline - time.monotonic()))
+            except BaseException:
+                self.close()
+                raise
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -116,7 +221,95 @@ class KafkaConnection:
             self._fail_locked(NetworkError(f"connection to {self.host}:{self.port} closed"))
 
     # -- internals --------------------------------------------------------------------------
-    def _negotiate(self, timeout_s: float) -> dict[int, int]:
+    # -- TLS (an SSLObject on memory buffers: the reader and the senders share it) ------------
+    def _tls_handshake(self, deadline: float) -> None:
+        incoming, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls_in = incoming
+        ctx = self.security.ssl_context
+        self._tls = ctx.wrap_bio(incoming, self._tls_out,
+                                 server_hostname=self.host if ctx.check_hostname else None)
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._sock.sendall(self._tls_out.read())
+                self._sock.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    data = self._sock.recv(65536)
+                except (socket.timeout, OSError) as exc:
+                    self._sock.close()
+                    raise NetworkError(f"TLS handshake with {self.host}:{self.port} failed: "
+                                       f"{exc!r}") from None
+                if not data:
+                    self._sock.close()
+                    raise NetworkError(f"broker at {self.host}:{self.port} closed the "
+                                       f"connection during the TLS handshake")
+                incoming.write(data)
+            except (ssl.SSLError, ssl.CertificateError) as exc:
+                self._sock.close()
+                raise NetworkError(f"TLS handshake with {self.host}:{self.port} failed: "
+                                   f"{exc}") from None
+        self._sock.sendall(self._tls_out.read())
+
+    def _tls_send(self, views: list) -> None:
+        """Encrypt and send (the caller holds ``_lock``: ciphertext leaves in order)."""
+        for view in views:
+            with self._tls_lock:
+                self._tls.write(view)
+                data = self._tls_out.read()
+            self._sock.sendall(data)
+
+    def _tls_recv_into(self, view: memoryview) -> int:
+        """Decrypted bytes into ``view`` (0 at the end of the stream)."""
+        while True:
+            with self._tls_lock:
+                try:
+                    return self._tls.read(len(view), view)
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:
+                    return 0
+                pending = self._tls_out.read() if self._tls_out.pending else b""
+            if pending:     # e.g. a TLS 1.3 key update's answer
+                with self._lock:
+                    self._sock.sendall(pending)
+            data = self._sock.recv(_TLS_READ)
+            if not data:
+                return 0
+            with self._tls_lock:
+                self._tls_in.write(data)
+
+    # -- SASL ---------------------------------------------------------------------------------
+    def _authenticate(self, timeout_s: float) -> None:
+        sec = self.security
+        where = f"broker at {self.host}:{self.port}"
+        if wire.SASL_HANDSHAKE not in self.versions or \
+                wire.SASL_AUTHENTICATE not in self.versions:
+            raise IllegalSaslStateError(f"{where} does not serve SaslHandshake v1 and "
+                                        f"SaslAuthenticate: is it a SASL listener?")
+        answer = self.request(wire.SASL_HANDSHAKE, {"mechanism": sec.mechanism},
+                              version=1).result(timeout_s)
+        code = answer["error_code"]
+        if code == wire.ERRORS_BY_NAME["UNSUPPORTED_SASL_MECHANISM"].code:
+            raise UnsupportedSaslMechanismError(
+                f"{where} does not enable SASL mechanism {sec.mechanism}; it enables "
+                f"{', '.join(answer['mechanisms']) or 'none'}")
+        if code != wire.NONE:
+            raise wire.error_for_code(code, f"SaslHandshake refused by {where}")
+        client = (_PlainClient(sec.username, sec.password) if sec.mechanism == "PLAIN"
+                  else _ScramClient(sec.mechanism, sec.username, sec.password))
+        token = client.first()
+        while token is not None:
+            answer = self.request(wire.SASL_AUTHENTICATE, {"auth_bytes": token}
+                                  ).result(timeout_s)
+            if answer["error_code"] != wire.NONE:
+                message = answer.get("error_message") or ""
+                exc = wire.error_for_code(answer["error_code"], f"{where}: {message}")
+                raise exc if isinstance(exc, KafkaError) else SaslAuthenticationError(message)
+            token = client.next(bytes(answer["auth_bytes"]))
+
+    def _negotiate(self, timeout_s: float, tls: bool = False) -> dict[int, int]:
         lo, hi = wire.SUPPORTED_VERSIONS[wire.API_VERSIONS]
         body = {"client_software_name": "raykafka", "client_software_version": "1"}
         try:
@@ -128,7 +321,10 @@ class KafkaConnection:
             self.close()
             raise NetworkError(f"broker at {self.host}:{self.port} did not answer "
                                f"ApiVersions within {timeout_s}s") from None
-        except NetworkError:
+        except NetworkError as exc:
+            if not tls:         # e.g. a TLS alert read as a response size, or a reset
+                raise NetworkError(f"{exc} during ApiVersions (is it a TLS listener, and "
+                                   f"security_protocol without SSL?)") from None
             raise
         except Exception as exc:  # noqa: BLE001 - not a Kafka broker, or a broken one
             self.close()
@@ -150,6 +346,9 @@ class KafkaConnection:
 
     def _send_all(self, parts: list) -> None:
         views = [p if type(p) is memoryview else memoryview(p) for p in parts]
+        if self._tls is not None:
+            self._tls_send(views)
+            return
         while views:
             sent = self._sock.sendmsg(views[:_IOV_MAX])
             while sent and views:
@@ -186,7 +385,10 @@ class KafkaConnection:
         view = memoryview(buf)
         got = 0
         while got < n:
-            k = self._sock.recv_into(view[got:], n - got)
+            if self._tls is not None:
+                k = self._tls_recv_into(view[got:])
+            else:
+                k = self._sock.recv_into(view[got:], n - got)
             if k == 0:
                 return None
             got += k
@@ -234,4 +436,57 @@ class KafkaConnection:
             self._fail_locked(why)
 
 
-__all__ = ["KafkaConnection", "DEFAULT_MAX_RESPONSE_BYTES"]
+class _PlainClient:
+    """RFC 4616's one message."""
+
+    def __init__(self, user: str, password: str):
+        self.user, self.password = user, password
+
+    def first(self) -> bytes:
+        return f"\0{self.user}\0{self.password}".encode()
+
+    def next(self, _answer: bytes) -> None:
+        return None
+
+
+class _ScramClient:
+    """RFC 5802's client side: client-first, client-final, then the server's signature
+    checked (a broker that does not know the password cannot pass for the real one)."""
+
+    def __init__(self, mechanism: str, user: str, password: str):
+        self.mechanism, self.password = mechanism, password
+        self.digest, _ = SCRAM_MECHANISMS[mechanism]
+        self.nonce = base64.b64encode(os.urandom(24)).decode()
+        name = user.replace("=", "=3D").replace(",", "=2C")
+        self.client_first_bare = f"n={name},r={self.nonce}"
+        self.step = 0
+
+    def first(self) -> bytes:
+        return ("n,," + self.client_first_bare).encode()
+
+    def next(self, answer: bytes) -> bytes | None:
+        self.step += 1
+        text = answer.decode("utf-8", "replace")
+        if self.step == 1:
+            attrs = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+            nonce, salt, iterations = attrs.get("r", ""), attrs.get("s"), attrs.get("i")
+            if not nonce.startswith(self.nonce) or salt is None or iterations is None:
+                raise SaslAuthenticationError(f"unexpected SCRAM server-first-message "
+                                              f"{text!r}")
+            salted = salted_password(self.mechanism, self.password, base64.b64decode(salt),
+                                     int(iterations))
+            client_key, stored, server_key = keys_of(self.mechanism, salted)
+            without_proof = f"c=biws,r={nonce}"
+            auth_message = f"{self.client_first_bare},{text},{without_proof}".encode()
+            signature = hmac.new(stored, auth_message, self.digest).digest()
+            proof = bytes(a ^ b for a, b in zip(client_key, signature))
+            self.expected = b"v=" + base64.b64encode(
+                hmac.new(server_key, auth_message, self.digest).digest())
+            return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+        if hmac.compare_digest(answer, self.expected):
+            return None
+        raise SaslAuthenticationError("the broker's SCRAM server signature is wrong")
+
+
+__all__ = ["KafkaConnection", "DEFAULT_MAX_RESPONSE_BYTES", "ClientSecurity",
+           "SECURITY_DEFAULTS", "security_config"]

@@ -179,6 +179,22 @@ class GroupIdNotFoundError(KafkaError):
     """No such group."""
 
 
+# -- security ---------------------------------------------------------------------------
+class SaslAuthenticationError(KafkaError):
+    """SASL authentication failed: unknown user, wrong password, a broken exchange
+    (Kafka's SASL_AUTHENTICATION_FAILED). Not retriable: the same credentials fail again."""
+
+
+class UnsupportedSaslMechanismError(KafkaError):
+    """The broker's listener does not enable the SASL mechanism asked for (Kafka's
+    UNSUPPORTED_SASL_MECHANISM); the message lists the ones it enables."""
+
+
+class IllegalSaslStateError(KafkaError):
+    """A SASL request out of order: SaslAuthenticate before SaslHandshake, a handshake on
+    a listener without SASL or after authenticating (Kafka's ILLEGAL_SASL_STATE)."""
+
+
 class NonEmptyGroupError(KafkaError):
     """The group has members: it cannot be deleted, nor its offsets deleted."""
 
@@ -226,7 +242,7 @@ __all__ = [
     "InvalidCheckpointError", "TopicAuthorizationFailedError",
     "GroupAuthorizationFailedError", "ClusterAuthorizationFailedError",
     "SecurityDisabledError",
-    "InvalidCheckpointError",
     "OutOfOrderSequenceError", "InvalidProducerEpochError", "UnknownProducerIdError",
     "CorruptSnapshotError",
+    "SaslAuthenticationError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",
 ]

@@ -81,6 +81,8 @@ CREATE_ACLS = 30
 DELETE_ACLS = 31
 # the idempotent producer (KIP-98, no transactions: actors/server/producer_handlers.py)
 INIT_PRODUCER_ID = 22
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
 
 #: (min, max) version of each API this codec reads and writes (the research note's §1e):
 #: Produce >= 3 (magic-2 batches only) and Fetch >= 4 make librdkafka use record batch v2.
@@ -120,6 +122,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     # the idempotent producer: v3's producer id and epoch are read (a new id is answered,
     # as Kafka does without a transactional id); v5 (TRANSACTION_ABORTABLE) is not offered
     INIT_PRODUCER_ID: (0, 4),
+    # SASL: v0 handshake's raw token framing is not implemented (SaslAuthenticate after it)
+    SASL_HANDSHAKE: (0, 1),
+    SASL_AUTHENTICATE: (0, 2),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -139,7 +144,9 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              # -- ACLs
              DESCRIBE_ACLS: "DescribeAcls", CREATE_ACLS: "CreateAcls",
              DELETE_ACLS: "DeleteAcls",
-             INIT_PRODUCER_ID: "InitProducerId"}
+             INIT_PRODUCER_ID: "InitProducerId",
+             # -- SASL
+             SASL_HANDSHAKE: "SaslHandshake", SASL_AUTHENTICATE: "SaslAuthenticate"}
 
 
 class InvalidRequestError(KafkaError):
@@ -160,8 +167,8 @@ class InvalidRequestError(KafkaError):
 # One line per field: name, type, versions, then options: null:V (nullable in versions V),
 # tag:N (a tagged field), =X (default). Types: int8 int16 int32 int64 bool string bytes
 # records uuid, []int32 / []int64 / []string (arrays of numbers or strings), [] (array of
-# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0". A line starting
-# with "#" is a comment.
+# the struct indented below), {} (a struct). Versions: "3+", "8-10", "0". A message line
+# without flexible:V is never flexible; lines starting with "#" are comments.
 _SCHEMAS = """
 ApiVersionsRequest 18 flexible:3+
   client_software_name string 3+
@@ -712,6 +719,20 @@ InitProducerIdResponse 22 flexible:2+
   error_code int16 0+
   producer_id int64 0+ =-1
   producer_epoch int16 0+
+# -- SASL (issue 23): SaslHandshake, SaslAuthenticate ---------------------------------------
+SaslHandshakeRequest 17
+  mechanism string 0+
+SaslHandshakeResponse 17
+  error_code int16 0+
+  mechanisms []string 0+
+
+SaslAuthenticateRequest 36 flexible:2+
+  auth_bytes bytes 0+
+SaslAuthenticateResponse 36 flexible:2+
+  error_code int16 0+
+  error_message string 0+ null:0+
+  auth_bytes bytes 0+
+  session_lifetime_ms int64 1+ =0
 """
 
 _NO_MAX = 1 << 15
@@ -818,8 +839,9 @@ def _parse_schemas(text: str) -> dict[tuple[int, str], _Message]:
             continue
         if not line.startswith(" "):
             close()
-            name, key, flexible = line.split()
-            current, items = (name, int(key), _versions(flexible[9:])[0]), []
+            name, key, *flexible = line.split()     # no flexible:V: never flexible
+            current, items = (name, int(key), _versions(flexible[0][9:])[0] if flexible
+                                    else _NO_MAX), []
         else:
             items.append(_parse_field(line))
     close()
@@ -1543,6 +1565,9 @@ _TYPED = {
     "OutOfOrderSequenceError": "OUT_OF_ORDER_SEQUENCE_NUMBER",
     "InvalidProducerEpochError": "INVALID_PRODUCER_EPOCH",
     "UnknownProducerIdError": "UNKNOWN_PRODUCER_ID",
+    "SaslAuthenticationError": "SASL_AUTHENTICATION_FAILED",
+    "UnsupportedSaslMechanismError": "UNSUPPORTED_SASL_MECHANISM",
+    "IllegalSaslStateError": "ILLEGAL_SASL_STATE",
 }
 _CLASS_CODES: dict[type, int] = {}
 _CODE_CLASSES: dict[int, type] = {}
@@ -1601,6 +1626,7 @@ __all__ = [
     "CREATE_PARTITIONS", "INCREMENTAL_ALTER_CONFIGS", "DESCRIBE_CLUSTER",
     "DESCRIBE_ACLS", "CREATE_ACLS", "DELETE_ACLS",
     "INIT_PRODUCER_ID",
+    "SASL_HANDSHAKE", "SASL_AUTHENTICATE",
     "SUPPORTED_VERSIONS", "API_NAMES", "InvalidRequestError", "BrokerResponseError",
     "RequestHeader", "ErrorCode", "ERRORS", "ERRORS_BY_NAME", "NONE", "error_code",
     "error_for_code", "decode_request_header", "decode_request_body", "decode_request",

@@ -37,10 +37,10 @@ def ratio(x, y):
 
 
 @contextlib.contextmanager
-def bench_cluster(name: str, brokers: int, **ray_kwargs):
+def bench_cluster(name: str, brokers: int, config: dict | None = None, **ray_kwargs):
     """A private local Ray (127.0.0.1; ``ray_kwargs`` such as ``num_cpus`` go to
-    ``ray.init``) with a raykafka cluster of ``brokers`` brokers in a temporary dir, all
-    ended on exit: yields ``(cluster, work_dir)``."""
+    ``ray.init``) with a raykafka cluster of ``brokers`` brokers (``config``: its Kafka
+    settings) in a temporary dir, all ended on exit: yields ``(cluster, work_dir)``."""
     import logging
 
     import ray
@@ -51,7 +51,7 @@ def bench_cluster(name: str, brokers: int, **ray_kwargs):
     raycompat.init_local(f"raykafka-{name}", logging_level=logging.WARNING, **ray_kwargs)
     try:
         cluster = Cluster.start(num_brokers=brokers, data_dir=os.path.join(work, "cluster"),
-                                namespace=f"{name}-{os.getpid()}")
+                                namespace=f"{name}-{os.getpid()}", config=config)
         try:
             yield cluster, work
         finally:

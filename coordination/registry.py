@@ -44,7 +44,7 @@ class BrokerRegistration:
             # The seed's "timestamp": when the broker first started, kept across re-registrations.
             info = BrokerInfo(broker_id=info.broker_id, host=info.host, port=info.port,
                               rack=info.rack, endpoints=info.endpoints, jmx_port=info.jmx_port,
-                              timestamp_ms=now_ms())
+                              timestamp_ms=now_ms(), protocols=info.protocols)
         self.zk = zk
         self.info = info
         self.path = broker_path(info.broker_id)

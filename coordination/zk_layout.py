@@ -305,8 +305,10 @@ BROKER_INFO_VERSION = 4
 
 @dataclass(frozen=True)
 class BrokerInfo:
-    """Body of /brokers/ids/<id>. `endpoints` are listener URLs, "PLAINTEXT://host:port";
-    when empty, one PLAINTEXT endpoint is derived from host and port."""
+    """Body of /brokers/ids/<id>. `endpoints` are listener URLs, "NAME://host:port";
+    when empty, one PLAINTEXT endpoint is derived from host and port. `protocols` maps a
+    listener name to its security protocol (Kafka's listener_security_protocol_map;
+    empty: each name is its own protocol)."""
     broker_id: int
     host: str
     port: int
@@ -314,6 +316,17 @@ class BrokerInfo:
     endpoints: tuple[str, ...] = ()
     jmx_port: int = -1
     timestamp_ms: int = 0
+    protocols: tuple[tuple[str, str], ...] = ()
+
+    def listeners(self) -> list[tuple[str, str, str, int]]:
+        """(name, security protocol, host, port) per endpoint, in order."""
+        protocols = dict(self.protocols)
+        out = []
+        for ep in self.endpoints:
+            name, _, address = ep.partition("://")
+            host, _, port = address.rpartition(":")
+            out.append((name, protocols.get(name, name), host.strip("[]"), int(port)))
+        return out
 
     def __post_init__(self):
         _int_name("broker id", self.broker_id)
@@ -324,6 +337,7 @@ class BrokerInfo:
 
     def to_bytes(self) -> bytes:
         protocols = {ep.split("://", 1)[0]: ep.split("://", 1)[0] for ep in self.endpoints}
+        protocols.update(dict(self.protocols))
         return _dump({
             "version": BROKER_INFO_VERSION,
             "host": self.host,
@@ -343,9 +357,14 @@ class BrokerInfo:
         endpoints = obj.get("endpoints") or ()
         if rack is not None and not isinstance(rack, str):
             raise ZkDataError(f"{path}: rack must be a string or null, got {rack!r}")
+        protocols = obj.get("listener_security_protocol_map") or {}
+        if not isinstance(protocols, dict):
+            raise ZkDataError(f"{path}: listener_security_protocol_map must be an object")
         return cls(broker_id=broker_id, host=_req(path, obj, "host", str),
                    port=_req(path, obj, "port", int), rack=rack, endpoints=tuple(endpoints),
-                   jmx_port=int(obj.get("jmx_port", -1)), timestamp_ms=_ts(path, obj))
+                   jmx_port=int(obj.get("jmx_port", -1)), timestamp_ms=_ts(path, obj),
+                   protocols=tuple(sorted((str(k), str(v)) for k, v in protocols.items()
+                                          if k != v)))     # a name that is its protocol: implied
 
 
 # ---------------------------------------------------------------------------------------------

@@ -176,7 +176,8 @@ def test_close_ends_the_notifier_and_the_channels(setup):
 def test_listener_settings_follow_kafkas_listeners_config():
     """Default: the node's address on a free port; a fixed port P puts broker i on P+i; a
     wildcard binds everything and advertises the node; advertised.listeners wins; Kafka's
-    socket settings pass through; anything but PLAINTEXT is refused."""
+    socket settings pass through; a listener name without a security protocol is
+    refused."""
     from actors.errors import IllegalArgumentError
     from actors.server.broker import listener_settings
     server, host, port = listener_settings(2, {}, "10.0.0.5")
@@ -193,8 +194,8 @@ def test_listener_settings_follow_kafkas_listeners_config():
         "listeners": "PLAINTEXT://0.0.0.0:9000",
         "advertised.listeners": "PLAINTEXT://kafka.example:19000"}, "10.0.0.5")
     assert (server.port, host, port) == (9001, "kafka.example", 19001)
-    with pytest.raises(IllegalArgumentError, match="PLAINTEXT"):
-        listener_settings(0, {"listeners": "SSL://127.0.0.1:9093"}, None)
+    with pytest.raises(IllegalArgumentError, match="listener.security.protocol.map"):
+        listener_settings(0, {"listeners": "CLIENTS://127.0.0.1:9093"}, None)
 
 
 def test_a_replica_that_does_not_answer_times_the_read_out(setup, monkeypatch):

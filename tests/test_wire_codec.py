@@ -45,6 +45,9 @@ from kafka.protocol.admin import (CreateAclsRequest, CreateAclsResponse,  # noqa
                                   DescribeAclsRequest, DescribeAclsResponse)
 from kafka.protocol.producer.transaction import (InitProducerIdRequest,  # noqa: E402
                                                   InitProducerIdResponse)
+from kafka.protocol.sasl import (SaslAuthenticateRequest,  # noqa: E402
+                                 SaslAuthenticateResponse, SaslHandshakeRequest,
+                                 SaslHandshakeResponse)
 from kafka.protocol.schemas.fields.codecs import BitField  # noqa: E402
 
 ORACLE = {
@@ -77,6 +80,8 @@ ORACLE = {
     wire.CREATE_ACLS: (CreateAclsRequest, CreateAclsResponse),
     wire.DELETE_ACLS: (DeleteAclsRequest, DeleteAclsResponse),
     wire.INIT_PRODUCER_ID: (InitProducerIdRequest, InitProducerIdResponse),
+    wire.SASL_HANDSHAKE: (SaslHandshakeRequest, SaslHandshakeResponse),
+    wire.SASL_AUTHENTICATE: (SaslAuthenticateRequest, SaslAuthenticateResponse),
 }
 CASES = [(key, v) for key, (lo, hi) in sorted(wire.SUPPORTED_VERSIONS.items())
          for v in range(lo, hi + 1)]

@@ -370,13 +370,14 @@ def _fetch_body(topic, partition, offset, max_wait_ms=0, min_bytes=1, epoch=-1):
 
 
 def test_api_versions_advertises_exactly_the_implemented_set(broker):
-    """ApiVersions (v0 and flexible v3) lists exactly the six data-plane APIs and
-    InitProducerId at the codec's ranges (a LocalBroker has no group coordinator: no group
-    API); an unknown ApiVersions version is answered at v0 with UNSUPPORTED_VERSION
-    (KIP-511)."""
+    """ApiVersions (v0 and flexible v3) lists exactly the six data-plane APIs,
+    InitProducerId and the two SASL ones (advertised on every listener, as Kafka does) at
+    the codec's ranges (a LocalBroker has no group coordinator: no group API); an unknown
+    ApiVersions version is answered at v0 with UNSUPPORTED_VERSION (KIP-511)."""
     client = RawClient(broker.server.address)
     data_plane = {wire.API_VERSIONS, wire.METADATA, wire.PRODUCE, wire.FETCH,
-                  wire.LIST_OFFSETS, wire.OFFSET_FOR_LEADER_EPOCH, wire.INIT_PRODUCER_ID}
+                  wire.LIST_OFFSETS, wire.OFFSET_FOR_LEADER_EPOCH, wire.INIT_PRODUCER_ID,
+                  wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE}
     for version in (0, 3):
         body = client.call(wire.API_VERSIONS, version, {"client_software_name": "t",
                                                         "client_software_version": "1"})

@@ -16,6 +16,8 @@ from __future__ import annotations
 import random
 import time
 
+from coordination.credentials import MIN_ITERATIONS, scram_credential, user_path
+
 from .. import raycompat
 from ..protocol import validate_topic_name
 from .metadata import answers_within, first_answer
@@ -211,6 +213,30 @@ class Admin:
                 last = exc
                 continue
         raise NoBrokersAvailable(f"no broker answered {method} ({last!r})")
+
+    # -- users (SCRAM credentials) -----------------------------------------------------------------
+    def create_user(self, name: str, password: str, *,
+                    mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512"),
+                    iterations: int = MIN_ITERATIONS) -> None:
+        """Give user ``name`` SCRAM credentials for ``password`` (salted and iterated
+        here: the password never leaves this process), one per mechanism; an existing
+        user's credentials for those mechanisms are replaced (a password change)."""
+        try:
+            user_path(name)
+            creds = {m: scram_credential(m, password, iterations=iterations).to_string()
+                     for m in mechanisms}
+        except ValueError as exc:
+            raise IllegalArgumentError(str(exc)) from None
+        self._call("set_user_credentials", name, creds)
+
+    def delete_user(self, name: str) -> bool:
+        """Remove user ``name``'s credentials (False when it had none). Connections it
+        already opened stay open."""
+        return self._call("delete_user", name)
+
+    def list_users(self) -> dict[str, list[str]]:
+        """Every user with SCRAM credentials -> its mechanisms."""
+        return self._call("list_users")
 
     # -- topics ------------------------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,

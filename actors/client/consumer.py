@@ -82,6 +82,7 @@ from ..errors import (CorruptRecordError, IllegalArgumentError, IllegalStateErro
                       UnknownTopicOrPartitionError)
 from . import streams as _streams
 from ..protocol import unwrap
+from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .group import GroupMember
 from .retry import RetryPolicy, final_error
@@ -133,6 +134,7 @@ DEFAULTS = {
     "retry_backoff_max_ms": 1000,
     "default_api_timeout_ms": 60000,
     "client_id": "raykafka-consumer",
+    **SECURITY_DEFAULTS,
 }
 
 
@@ -217,7 +219,8 @@ class Consumer:
                                                 f"{self.config[key]!r}")
         self.cluster = cluster
         self.metadata = cluster.metadata
-        self._network = BrokerConnections(self.metadata, client_id=self.config["client_id"])
+        self._network = BrokerConnections(self.metadata, client_id=self.config["client_id"],
+                                          security=ClientSecurity.from_config(self.config))
         self._assigned: list[tuple[str, int]] = []
         self._positions: dict[tuple[str, int], int] = {}
         self._subscription: set[str] = set()

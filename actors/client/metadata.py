@@ -188,15 +188,26 @@ class Metadata:
             raise LeaderNotAvailableError(f"{topic}-{partition} has no live leader")
         return int(state["leader"]), int(state["leader_epoch"])
 
-    def broker_address(self, broker_id: int) -> tuple[str, int]:
-        """(host, port) of the Kafka listener ``broker_id`` registered, from the cached
-        metadata, re-read once when it does not list the broker (BrokerNotAvailableError,
-        retriable, when it still does not)."""
+    def broker_address(self, broker_id: int, protocol: str = "PLAINTEXT") -> tuple[str, int]:
+        """(host, port) of ``broker_id``'s first listener of security ``protocol`` (its
+        only listener when it registered no names), from the cached metadata, re-read once
+        when it does not list the broker (BrokerNotAvailableError, retriable, when it
+        still does not)."""
         for fresh in (False, True):
             brokers = (self.refresh() if fresh else self.snapshot()).get("brokers") or {}
             info = brokers.get(broker_id) or brokers.get(str(broker_id))
-            if info and info.get("port"):
+            if not info or not info.get("port"):
+                continue
+            listeners = info.get("listeners")
+            if not listeners:
                 return info["host"], int(info["port"])
+            for _, listener_protocol, host, port in listeners:
+                if listener_protocol == protocol:
+                    return host, int(port)
+            raise BrokerNotAvailableError(
+                f"broker {broker_id} has no {protocol} listener (it has "
+                f"{', '.join(f'{n} ({p})' for n, p, _, _ in listeners)}): check "
+                f"security_protocol")
         raise BrokerNotAvailableError(f"broker {broker_id} has no live Kafka listener in "
                                       f"the metadata")
 

@@ -30,7 +30,7 @@ import threading
 from typing import NamedTuple
 
 from .. import wire
-from ..connection import KafkaConnection
+from ..connection import PLAINTEXT, ClientSecurity, KafkaConnection
 from ..errors import KafkaError, KafkaTimeoutError, NetworkError
 
 log = logging.getLogger(__name__)
@@ -159,8 +159,10 @@ class BrokerConnections:
     retriable error for a broker it does not know)."""
 
     def __init__(self, metadata, *, client_id: str | None = None,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S):
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 security: ClientSecurity | None = None):
         self._metadata = metadata
+        self._security = security or PLAINTEXT
         self._client_id = client_id or "raykafka"
         self._connect_timeout_s = connect_timeout_s
         self._lock = threading.Lock()
@@ -174,7 +176,10 @@ class BrokerConnections:
         conn = self._connections.get(key)
         if conn is not None and conn.alive:
             return conn
-        host, port = self._metadata.broker_address(broker_id)
+        # a broker's listener of the client's security protocol (fakes know only one)
+        host, port = (self._metadata.broker_address(broker_id)
+                      if self._security is PLAINTEXT else
+                      self._metadata.broker_address(broker_id, self._security.protocol))
         with self._lock:
             if self._closed:
                 raise NetworkError("the client is closed")
@@ -183,7 +188,8 @@ class BrokerConnections:
                 return conn
             # opened under the lock: two threads never open two connections to one broker
             conn = KafkaConnection(host, port, client_id=self._client_id,
-                                   connect_timeout_s=self._connect_timeout_s)
+                                   connect_timeout_s=self._connect_timeout_s,
+                                   security=self._security)
             self._connections[key] = conn
             return conn
 

@@ -63,6 +63,7 @@ from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurat
                       UnknownTopicOrPartitionError, UnsupportedCodecError)
 from .accumulator import (BATCH_OVERHEAD, RECORD_OVERHEAD_MAX, RecordAccumulator,
                           cut_and_build)
+from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .futures import BatchFuture, FutureRecordMetadata
 from .partitioner import Partitioner
@@ -90,6 +91,7 @@ DEFAULT_CONFIG = {
     "metadata_max_age_ms": 300000,
     "client_id": None,
     "enable_idempotence": True,      # Kafka 3+'s default (needs acks="all")
+    **SECURITY_DEFAULTS,
 }
 
 _ACKS = {0: 0, 1: 1, -1: -1, "all": -1, "0": 0, "1": 1, "-1": -1}
@@ -153,7 +155,8 @@ class Producer:
         self._sender = Sender(self._accumulator, metadata, retry, acks=_ACKS[acks],
                               request_timeout_ms=request_timeout_ms, codec=self._codec,
                               invalidate=self._invalidate, client_id=config["client_id"],
-                              idempotent=idempotent)
+                              idempotent=idempotent,
+                              security=ClientSecurity.from_config(config))
         self._sender.start()
 
     # -- context manager -----------------------------------------------------------------

@@ -75,10 +75,10 @@ class Sender:
 
     def __init__(self, accumulator: RecordAccumulator, metadata, retry: RetryPolicy, *,
                  acks: int, request_timeout_ms: int, codec: int, invalidate,
-                 client_id: str | None = None, idempotent: bool = False):
+                 client_id: str | None = None, idempotent: bool = False, security=None):
         self._acc = accumulator
         self._metadata = metadata
-        self._network = BrokerConnections(metadata, client_id=client_id)
+        self._network = BrokerConnections(metadata, client_id=client_id, security=security)
         self._retry = retry
         self._acks = acks
         self._request_timeout_ms = request_timeout_ms

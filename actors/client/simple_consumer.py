@@ -50,6 +50,7 @@ from storage.records import decode_columns, decode_records, iter_headers, number
 from .. import wire
 from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
 from ..types import Record
+from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import validate_config
 from .network import (BrokerConnections, fetch_body, list_offsets_body, parse_fetch,
                       parse_list_offsets, wait_answer)
@@ -64,6 +65,7 @@ DEFAULT_CONFIG = {
     "key_deserializer": None,
     "value_deserializer": None,
     "client_id": None,
+    **SECURITY_DEFAULTS,
 }
 
 DEFAULT_FETCH_MAX_BYTES = 1048576
@@ -90,7 +92,8 @@ class SimpleConsumer:
         self._retry = RetryPolicy.from_config(self.config,
                                               deadline_key="default_api_timeout_ms")
         self._timeout_s = self.config["request_timeout_ms"] / 1000.0
-        self._network = BrokerConnections(metadata, client_id=self.config["client_id"])
+        self._network = BrokerConnections(metadata, client_id=self.config["client_id"],
+                                          security=ClientSecurity.from_config(self.config))
         self._closed = False
 
     def close(self) -> None:

@@ -26,9 +26,12 @@ import time
 import ray
 
 from coordination import zk_layout as L
+from coordination.credentials import (SCRAM_MECHANISMS, CredentialCache, CredentialStore,
+                                      ScramCredential, scram_credential)
 from coordination.election import read_controller
 from coordination.errors import BrokerIdInUseError as ZkBrokerIdInUseError
-from coordination.errors import CoordinationError, NodeMissingError, ZkUnavailableError
+from coordination.errors import (CoordinationError, NodeMissingError, ZkDataError,
+                                 ZkUnavailableError)
 from coordination.producer_ids import ProducerIdManager
 from coordination.registry import BrokerRegistration
 from coordination.session import ZkSettings, connect, digest_from_config
@@ -55,8 +58,11 @@ from .group_handlers import BrokerGroups, GroupApis
 from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
 from .producer_handlers import ProducerIdApis
+from .listeners import (ListenerSpec, inter_broker_listener, inter_broker_security,
+                        jaas_credentials, listener_security, listener_specs)
 from .network import SocketServer, SocketServerConfig
 from .replica import read_partition_topic_id
+from .sasl import SaslAuthenticator
 from .replica_manager import RayReplicaActors, ReplicaManager, topic_log_defaults  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -79,38 +85,27 @@ _LISTENER_SETTINGS = ("socket.request.max.bytes", "connections.max.idle.ms",
                       "max.connections", "queued.max.request.bytes")
 
 
-def _host_port(listener: str, setting: str) -> tuple[str, int]:
-    scheme, sep, address = str(listener).partition("://")
-    host, colon, port = address.rpartition(":")
-    if not sep or not colon or scheme != "PLAINTEXT" or not port.isdigit():
-        raise IllegalArgumentError(f"{setting}: expected PLAINTEXT://host:port (only PLAINTEXT "
-                                   f"is implemented), got {listener!r}")
-    return host.strip("[]"), int(port)
+def server_config(spec: ListenerSpec, config: dict) -> SocketServerConfig:
+    """The socket settings of listener ``spec`` (Kafka's names from the cluster config)."""
+    props = {k: config[k] for k in _LISTENER_SETTINGS if k in config}
+    return SocketServerConfig.from_properties(
+        props, host=spec.host, port=spec.port,
+        io_threads=int(config.get("num.io.threads", DEFAULT_IO_THREADS)))
 
 
 def listener_settings(broker_id: int, config: dict, node_host: str | None
                       ) -> tuple[SocketServerConfig, str | None, int | None]:
-    """(the listener's settings, the host and port to advertise (None: the bound ones))
-    of broker ``broker_id`` from the cluster's config (pure). ``listeners`` is Kafka's;
-    by default the node's address and port 0 (a free port): ``PLAINTEXT://127.0.0.1:0``
-    on the embedded default's local Ray, the worker's IP on a multi-node Ray. A fixed port
-    P puts broker i on P+i, so one cluster config serves every broker of a machine (what
-    ``raykafka start --port P`` is to set). A wildcard host (0.0.0.0, ::, empty) binds
-    every address and advertises the node's; ``advertised.listeners`` overrides (its
-    port, when not 0, offset the same way)."""
-    host, port = _host_port(config.get("listeners")
-                            or f"PLAINTEXT://{node_host or '127.0.0.1'}:0", "listeners")
-    props = {k: config[k] for k in _LISTENER_SETTINGS if k in config}
-    server = SocketServerConfig.from_properties(
-        props, host=host or "0.0.0.0", port=port + broker_id if port else 0,
-        io_threads=int(config.get("num.io.threads", DEFAULT_IO_THREADS)))
-    adv_host, adv_port = None, None
-    if config.get("advertised.listeners"):
-        adv_host, p = _host_port(config["advertised.listeners"], "advertised.listeners")
-        adv_port = p + broker_id if p else None
-    elif server.host in ("0.0.0.0", "::"):
-        adv_host = node_host
-    return server, adv_host, adv_port
+    """(the first listener's settings, the host and port to advertise (None: the bound
+    ones)) of broker ``broker_id`` from the cluster's config (pure; every listener:
+    listeners.listener_specs). ``listeners`` is Kafka's; by default the node's address and
+    port 0 (a free port): ``PLAINTEXT://127.0.0.1:0`` on the embedded default's local Ray,
+    the worker's IP on a multi-node Ray. A fixed port P puts broker i on P+i, so one
+    cluster config serves every broker of a machine (what ``raykafka start --port P`` is
+    to set). A wildcard host (0.0.0.0, ::, empty) binds every address and advertises the
+    node's; ``advertised.listeners`` overrides (its port, when not 0, offset the same
+    way)."""
+    spec = listener_specs(broker_id, config, node_host)[0]
+    return server_config(spec, config), spec.adv_host, spec.adv_port
 
 
 def check_meta_properties(broker_dir: str, broker_id: int, cluster_id: str) -> None:
@@ -181,7 +176,9 @@ class Broker:
         # partitions this broker leads -> leader epoch, by the LeaderAndIsr it applied
         # (replaced, never mutated: the Kafka listener's threads read it without a lock)
         self.leading: dict[tuple[str, int], int] = {}
-        self.server: SocketServer | None = None         # the Kafka listener, once started
+        self.server: SocketServer | None = None         # the first Kafka listener
+        self.servers: list[SocketServer] = []           # every listener, in config order
+        self.credentials: CredentialCache | None = None  # SCRAM credentials, for SASL
         self.apis: KafkaApis | None = None
         self.admin_apis: AdminApis | None = None        # the listener's admin APIs
         self.backend: BrokerBackend | None = None
@@ -231,14 +228,18 @@ class Broker:
         except Exception:  # noqa: BLE001 - outside a Ray worker
             node_host = socket.gethostbyname(socket.gethostname())
         try:
-            host, port = self._start_listener(node_host)
+            listeners = self._start_listener(node_host)
         except Exception:
+            self._stop_listener()
             self.zk.close()
             raise
-        # node ids on the wire are broker ids; the endpoint is the seeds' field
+        _, _, host, port = listeners[0]
+        # node ids on the wire are broker ids; host/port are the first listener's
         info = L.BrokerInfo(broker_id=self.broker_id, host=host, port=port,
                             rack=self.config.get("broker.rack"),
-                            endpoints=(f"PLAINTEXT://{host}:{port}",))
+                            endpoints=tuple(f"{name}://{h}:{p}"
+                                            for name, _, h, p in listeners),
+                            protocols=tuple((name, proto) for name, proto, _, _ in listeners))
         deadline = time.monotonic() + wait_for_stale_s
         while True:
             self.registration = BrokerRegistration(self.zk, info,
@@ -298,11 +299,36 @@ class Broker:
     def list_acls(self) -> list[dict]:
         return [b.as_dict() for b in self._acls().describe()]
 
-    def _start_listener(self, node_host: str) -> tuple[str, int]:
+    def _start_security(self, specs: list[ListenerSpec]) -> None:
+        """What the SASL listeners and the fetchers need: the credential cache, this
+        broker's inter-broker credential (created when missing, never overwritten: the
+        brokers of one cluster share it), the fetchers' ClientSecurity."""
+        inter = inter_broker_listener(self.config, specs)
+        self.fetchers.security = inter_broker_security(self.config, inter)
+        if not any(s.protocol.startswith("SASL") for s in specs):
+            return
+        self.credentials = CredentialCache(self.zk).start()
+        creds = jaas_credentials(self.config, inter.name,
+                                 self.fetchers.security.mechanism)
+        if creds is not None and inter.protocol.startswith("SASL"):
+            user, password = creds
+            if CredentialStore(self.zk).set(user, {
+                    m: scram_credential(m, password) for m in SCRAM_MECHANISMS},
+                    create_only=True):
+                log.info("broker %d: created the inter-broker credential of %r",
+                         self.broker_id, user)
+
+    def _authenticator(self, mechanisms):
+        cache = self.credentials
+        return SaslAuthenticator(mechanisms, cache.get, cache.mechanisms)
+
+    def _start_listener(self, node_host: str) -> list[tuple[str, str, str, int]]:
         """Serve Kafka's protocol (handlers.KafkaApis over a BrokerBackend) on this
-        process's own threads; (host, port) to advertise."""
-        settings, adv_host, adv_port = listener_settings(self.broker_id, self.config,
-                                                         node_host)
+        process's own threads, on every listener; (name, protocol, host, port) of each,
+        as advertised."""
+        specs = listener_specs(self.broker_id, self.config, node_host)
+        self._start_security(specs)
+        settings = server_config(specs[0], self.config)
         self.backend = BrokerBackend(
             self.broker_id, metadata=lambda: self.metadata,
             leader_epochs=lambda: self.leading,
@@ -320,22 +346,31 @@ class Broker:
             authorizer=lambda: self.authorizer)
         self.backend.on_change = self.apis.notify
         self.backend.on_change_inline = self.apis.notify_inline
-        self.server = SocketServer(self.apis, settings)
-        try:
-            self.server.start()
-        except OSError as exc:
-            self._stop_listener()
-            raise IllegalArgumentError(f"broker {self.broker_id}: cannot listen on "
-                                       f"{settings.host}:{settings.port}: {exc}") from None
-        host, port = adv_host or settings.host, adv_port or self.server.port
-        self.backend.endpoint = BrokerEndpoint(self.broker_id, host, port,
-                                               self.config.get("broker.rack"))
-        return host, port
+        out = []
+        for spec in specs:
+            settings = server_config(spec, self.config)
+            server = SocketServer(self.apis, settings, security=listener_security(
+                spec, self.config, self._authenticator))
+            self.servers.append(server)
+            try:
+                server.start()
+            except OSError as exc:
+                raise IllegalArgumentError(f"broker {self.broker_id}: cannot listen on "
+                                           f"{settings.host}:{settings.port} ({spec.name}): "
+                                           f"{exc}") from None
+            out.append((spec.name, spec.protocol, spec.adv_host or settings.host,
+                        spec.adv_port or server.port))
+        self.server = self.servers[0]
+        self.backend.endpoint = BrokerEndpoint(
+            self.broker_id, out[0][2], out[0][3], self.config.get("broker.rack"),
+            listeners=tuple((name, h, p) for name, _, h, p in out))
+        return out
 
     def _stop_listener(self) -> None:
         """Close the listener (clients see their connections end), then the handlers and
         the replica channels."""
-        for part in (self.server, self.apis, self.admin_apis, self.backend):
+        for part in (*self.servers, self.apis, self.admin_apis, self.backend,
+                     self.credentials):
             if part is not None:
                 try:
                     part.close()
@@ -343,11 +378,16 @@ class Broker:
                     log.exception("broker %d: closing %r", self.broker_id, part)
 
     def _endpoint(self, broker_id: int) -> tuple[str, int] | None:
-        """A broker's Kafka listener (host, port), from the controller's metadata."""
+        """A broker's inter-broker listener (host, port), from the controller's metadata
+        (its first listener when it lists none by name)."""
         brokers = self.metadata.get("brokers") or {}
         info = brokers.get(broker_id) or brokers.get(str(broker_id))
         if not info or not int(info.get("port") or 0):
             return None
+        name = self.config.get("inter.broker.listener.name")
+        for listener, _, host, port in info.get("listeners") or ():
+            if name is None or listener == str(name).upper():
+                return host, int(port)
         return info["host"], int(info["port"])
 
     def fetcher_status(self) -> list[dict]:
@@ -356,10 +396,48 @@ class Broker:
         return self.fetchers.status()
 
     def listener(self) -> dict:
-        """This broker's Kafka listener: ``{"host", "port"}`` as registered."""
+        """This broker's first Kafka listener: ``{"host", "port"}`` as registered, and
+        ``listeners``: every one's ``{"name", "host", "port"}``."""
         endpoint = self.backend.endpoint if self.backend is not None else None
         return {"host": endpoint.host if endpoint else None,
-                "port": endpoint.port if endpoint else None}
+                "port": endpoint.port if endpoint else None,
+                "listeners": [{"name": n, "host": h, "port": p}
+                              for n, h, p in (endpoint.listeners if endpoint else ())]}
+
+    # -- SCRAM credentials (computed by the caller: no password reaches a broker) -----------
+    def set_user_credentials(self, user: str, credentials: dict[str, str]) -> None:
+        """Store ``user``'s credentials (mechanism -> Kafka's credential string) in
+        /config/users/<user> and notify the brokers."""
+        try:
+            parsed = {m: ScramCredential.from_string(c) for m, c in credentials.items()
+                      if m in SCRAM_MECHANISMS}
+            if len(parsed) != len(credentials) or not parsed:
+                raise ValueError(f"mechanisms must be some of {', '.join(SCRAM_MECHANISMS)}")
+            CredentialStore(self.zk).set(user, parsed)
+        except (ValueError, ZkDataError) as exc:
+            raise IllegalArgumentError(f"user {user!r}: {exc}") from None
+        except ZkUnavailableError as exc:
+            raise ZooKeeperUnavailableError(str(exc)) from None
+
+    def delete_user(self, user: str) -> bool:
+        try:
+            return CredentialStore(self.zk).delete(user)
+        except ValueError as exc:
+            raise IllegalArgumentError(str(exc)) from None
+        except ZkUnavailableError as exc:
+            raise ZooKeeperUnavailableError(str(exc)) from None
+
+    def list_users(self) -> dict[str, list[str]]:
+        """Every user with SCRAM credentials -> the mechanisms it has."""
+        store = CredentialStore(self.zk)
+        try:
+            return {u: sorted(store.get(u)) for u in store.users()}
+        except ZkUnavailableError as exc:
+            raise ZooKeeperUnavailableError(str(exc)) from None
+
+    def listener_stats(self) -> dict:
+        """Each listener's SocketServer counters, by listener name (tests, tools)."""
+        return {s.security.name: s.stats() for s in self.servers}
 
     def _remove_stale_partition_dirs(self) -> None:
         """Directories of topics deleted while this broker was down go now: those of topics

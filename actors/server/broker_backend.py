@@ -226,7 +226,9 @@ class BrokerBackend:
     # -- metadata ---------------------------------------------------------------------------
     def brokers(self) -> list[BrokerEndpoint]:
         known = self._metadata().get("brokers") or {}
-        out = [BrokerEndpoint(int(bid), b["host"], int(b["port"]), b.get("rack"))
+        out = [BrokerEndpoint(int(bid), b["host"], int(b["port"]), b.get("rack"),
+                              tuple((name, host, int(port)) for name, _, host, port
+                                    in b.get("listeners") or ()))
                for bid, b in sorted(known.items(), key=lambda kv: int(kv[0]))
                if int(b.get("port") or 0) > 0]
         if not any(b.node_id == self.broker_id for b in out):

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from .. import wire
-from ..connection import KafkaConnection
+from ..connection import PLAINTEXT, ClientSecurity, KafkaConnection
 from ..errors import (FencedLeaderEpochError, InvalidRecordError, NetworkError,
                       NotLeaderForPartitionError)
 from ..protocol import EpochEndOffset
@@ -215,7 +215,8 @@ class BrokerFetcherThread:
         if address is None:
             raise NetworkError(f"no listener known for broker {self.leader_id} (yet)")
         conn = KafkaConnection(address[0], address[1],
-                               client_id=f"broker-{self.manager.broker_id}-fetcher")
+                               client_id=f"broker-{self.manager.broker_id}-fetcher",
+                               security=self.manager.security)
         with self._cond:
             if self._stop:
                 conn.close()
@@ -393,6 +394,8 @@ class BrokerFetcherManager:
         self.settings = settings
         self.endpoint = endpoint
         self.local = local
+        #: how the fetchers connect to the inter-broker listener (set by the broker)
+        self.security: ClientSecurity = PLAINTEXT
         self._lock = threading.Lock()
         self._threads: dict[int, BrokerFetcherThread] = {}
         self._where: dict[tuple[str, int], int] = {}        # partition -> leader id

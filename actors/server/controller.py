@@ -217,7 +217,8 @@ class ControllerLogic:
             info = self.store.get_broker(bid)
             if stat is not None and info is not None:
                 obs.registered[bid] = stat.czxid
-                obs.broker_info[bid] = {"host": info.host, "port": info.port, "rack": info.rack}
+                obs.broker_info[bid] = {"host": info.host, "port": info.port, "rack": info.rack,
+                                        "listeners": [list(x) for x in info.listeners()]}
         self.watch_brokers(obs.registered)
         obs.brokers = {b: c for b, c in obs.registered.items() if self._dead.get(b) != c}
         self._live = set(obs.brokers)

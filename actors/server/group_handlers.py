@@ -199,7 +199,8 @@ class GroupApis:
         try:
             node_id = self.groups.find_coordinator(key)
             endpoint = next((b for b in self.backend.brokers() if b.node_id == node_id), None)
-            if endpoint is None:
+            address = endpoint.on(request.listener) if endpoint is not None else None
+            if address is None:
                 raise CoordinatorNotAvailableError(
                     f"the coordinator of {key!r} (broker {node_id}) has no listener known here")
         except Exception as exc:  # noqa: BLE001 - answered as its code
@@ -208,7 +209,7 @@ class GroupApis:
                 **none, "error_code": _code(exc), "error_message": str(exc) or None})
         return wire.encode_response_parts(header, {
             "throttle_time_ms": 0, "error_code": wire.NONE, "error_message": None,
-            "node_id": endpoint.node_id, "host": endpoint.host, "port": endpoint.port})
+            "node_id": endpoint.node_id, "host": address[0], "port": address[1]})
 
     # -- JoinGroup ---------------------------------------------------------------------------
     def join_group(self, request: Request):

@@ -70,10 +70,25 @@ _ERR = wire.ERRORS_BY_NAME
 # -- what the handlers need of a broker -----------------------------------------------------
 @dataclass(frozen=True)
 class BrokerEndpoint:
+    """A broker's address for clients: ``host``/``port`` (its first listener's), and per
+    listener name (``listeners``: (name, host, port) triples; empty: every listener is at
+    ``host``/``port``)."""
+
     node_id: int
     host: str
     port: int
     rack: str | None = None
+    listeners: tuple = ()
+
+    def on(self, listener: str) -> tuple[str, int] | None:
+        """(host, port) of this broker's ``listener``; None when it has none of that name
+        (Kafka leaves such a broker out of the answers on that listener)."""
+        if not self.listeners:
+            return self.host, self.port
+        for name, host, port in self.listeners:
+            if name == listener:
+                return host, port
+        return None
 
 
 @dataclass(frozen=True)
@@ -301,6 +316,10 @@ class KafkaApis:
             wire.FETCH: self.fetch,
             wire.LIST_OFFSETS: self.list_offsets,
             wire.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            # reached only once authenticated, or on a listener without SASL (network.py
+            # hands an unauthenticated connection's to its authenticator)
+            wire.SASL_HANDSHAKE: self.sasl_out_of_state,
+            wire.SASL_AUTHENTICATE: self.sasl_out_of_state,
         }
         if groups is not None:      # the group APIs (group_handlers.GroupApis)
             self._handlers.update(groups.handlers())
@@ -421,12 +440,25 @@ class KafkaApis:
                 for p in parts]})
         return wire.encode_response_parts(request.header, {
             "throttle_time_ms": 0,
-            "brokers": [{"node_id": b.node_id, "host": b.host, "port": b.port,
-                         "rack": b.rack} for b in backend.brokers()],
+            "brokers": [{"node_id": b.node_id, "host": address[0], "port": address[1],
+                         "rack": b.rack} for b in backend.brokers()
+                        if (address := b.on(request.listener)) is not None],
             "cluster_id": backend.cluster_id,
             "controller_id": backend.controller_id(),
             "topics": topics,
         })
+
+    # -- SaslHandshake, SaslAuthenticate where no SASL exchange is expected ------------------
+    def sasl_out_of_state(self, request: Request):
+        self._body(request)
+        code = _ERR["ILLEGAL_SASL_STATE"].code
+        if request.header.api_key == wire.SASL_HANDSHAKE:
+            return wire.encode_response_parts(request.header,
+                                              {"error_code": code, "mechanisms": []})
+        return wire.encode_response_parts(request.header, {
+            "error_code": code, "auth_bytes": b"", "session_lifetime_ms": 0,
+            "error_message": f"no SASL exchange expected on listener {request.listener} "
+                             f"(authenticated as {request.principal})"})
 
     # -- Produce ---------------------------------------------------------------------------
     def produce(self, request: Request, inline: bool = False):

@@ -25,7 +25,7 @@ from ..errors import UnknownTopicOrPartitionError
 from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topic_name
 from .epoch_cache import LeaderEpochCache
 from .handlers import BrokerEndpoint, KafkaApis, PartitionMetadata
-from .network import SocketServer, SocketServerConfig
+from .network import ListenerSecurity, SocketServer, SocketServerConfig
 from .producer_handlers import ProducerIdApis
 
 
@@ -189,12 +189,13 @@ class LocalBroker:
     ids reserved in ``<data_dir>/latest-producer-id-block`` (FileProducerIds)."""
 
     def __init__(self, data_dir: str, *, config: SocketServerConfig | None = None,
-                 node_id: int = 0, log_config: LogConfig | None = None):
+                 node_id: int = 0, log_config: LogConfig | None = None,
+                 security: ListenerSecurity | None = None):
         self.backend = LogBackend(data_dir, node_id=node_id, config=log_config)
         ids = FileProducerIds(os.path.join(data_dir, "latest-producer-id-block"))
         self.apis = KafkaApis(self.backend, producers=ProducerIdApis(ids.generate))
         self.backend.on_append = self.apis.notify
-        self.server = SocketServer(self.apis, config)
+        self.server = SocketServer(self.apis, config, security=security)
 
     def start(self) -> "LocalBroker":
         self.server.start()

@@ -31,6 +31,20 @@ any allocation), a header that cannot be read, an ``InvalidRequestError`` from t
 (unknown API key or version, a malformed body). An exception of any other kind from the
 handler is logged and closes that connection only; the server goes on.
 
+Security (``ListenerSecurity``, Kafka's security protocols): on an SSL or SASL_SSL
+listener each accepted socket is wrapped in TLS and its handshake runs on the network
+thread without blocking (SSLWantRead/SSLWantWrite wait for the selector); a handshake that
+fails closes the connection. TLS keeps decrypted bytes the selector cannot see, so a
+connection with such bytes left is served again without waiting. On a SASL_PLAINTEXT or
+SASL_SSL listener a connection starts unauthenticated: it may send ApiVersions,
+SaslHandshake and SaslAuthenticate only (the last two go to its own authenticator, whose
+``AuthStep`` says when it is done and who it is); any other request closes it, as Kafka
+does. A failed authentication's answer is held ``failed_authentication_delay_ms`` (a
+timer of the network thread, no thread sleeps, the connection unread meanwhile) and the
+connection is closed once it is written. Every request carries its connection's
+``principal`` (``User:ANONYMOUS`` until SASL or a client certificate says otherwise) and
+the ``listener`` name it came in on: what an authorizer reads.
+
 Thread-safety: ``start``/``close``/``stats``/``port`` may be called from any thread;
 everything else runs on the network thread, or on ``io_threads`` handler threads when
 configured (0, the default, calls the handler on the network thread: right for a handler
@@ -43,7 +57,9 @@ import collections
 import concurrent.futures
 import logging
 import selectors
+import heapq
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -56,6 +72,54 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 _IOV_MAX = 512                      # buffers per sendmsg call (Linux allows 1024)
+_TLS_CHUNK = 256 * 1024             # bytes per SSL write (SSLSocket has no sendmsg)
+ANONYMOUS = "User:ANONYMOUS"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: What an unauthenticated connection may send on a SASL listener.
+_BEFORE_AUTH = (wire.API_VERSIONS, wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE)
+
+
+@dataclass(frozen=True)
+class ListenerSecurity:
+    """A listener's name and security protocol, and what it takes: ``ssl_context`` (a
+    server-side ``ssl.SSLContext``) for SSL and SASL_SSL, ``authenticator`` (makes one
+    connection's SASL state, with ``handle(request) -> AuthStep``) for the SASL ones."""
+
+    name: str = "PLAINTEXT"
+    protocol: str = "PLAINTEXT"
+    ssl_context: ssl.SSLContext | None = None
+    authenticator: Callable[[], Any] | None = None
+    failed_authentication_delay_ms: int = 100     # Kafka's default
+
+    def __post_init__(self):
+        if self.protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(f"security protocol {self.protocol!r} is not one of "
+                             f"{', '.join(SECURITY_PROTOCOLS)}")
+        if self.protocol.endswith("SSL") and self.ssl_context is None:
+            raise ValueError(f"listener {self.name} ({self.protocol}) needs an SSL context")
+        if self.protocol.startswith("SASL") and self.authenticator is None:
+            raise ValueError(f"listener {self.name} ({self.protocol}) needs an authenticator")
+        if self.failed_authentication_delay_ms < 0:
+            raise ValueError("failed_authentication_delay_ms must be >= 0")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol.endswith("SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL")
+
+
+class AuthStep(NamedTuple):
+    """What an authenticator did with one SASL request: the response frame; ``principal``
+    once authenticated; ``failed`` (why) when the connection must close after the answer,
+    ``delay`` when that answer first waits ``failed_authentication_delay_ms``."""
+
+    parts: list
+    principal: str | None = None
+    failed: str | None = None
+    delay: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +174,8 @@ class Request(NamedTuple):
     body: memoryview
     client: Any                     # the peer's address
     received_ns: int                # time.monotonic_ns() when the whole frame was in
+    principal: str = ANONYMOUS      # who the connection authenticated as (``User:<name>``)
+    listener: str = "PLAINTEXT"     # the listener name it came in on
 
 
 #: What a handler's optional ``handle_inline`` answers for a request it will not serve on
@@ -141,7 +207,8 @@ class _Slot:
 class _Connection:
     __slots__ = ("sock", "peer", "size_buf", "size_got", "body", "body_got", "inbox",
                  "slots", "busy", "out", "last_active", "closed", "want_write", "muted",
-                 "registered", "waiting_size")
+                 "registered", "waiting_size", "handshaking", "handshake_events",
+                 "authenticator", "principal", "closing", "tls_chunk")
 
     def __init__(self, sock: socket.socket, peer, now: float):
         self.sock = sock
@@ -160,6 +227,12 @@ class _Connection:
         self.muted = False
         self.waiting_size: int | None = None       # a request size waiting for memory
         self.registered = selectors.EVENT_READ     # the events the selector watches
+        self.handshaking = False        # a TLS handshake is under way
+        self.handshake_events = selectors.EVENT_READ
+        self.authenticator = None       # SASL state until authenticated (None: done/none)
+        self.principal = ANONYMOUS
+        self.closing: str | None = None  # why: close once the output is written
+        self.tls_chunk: bytes | None = None   # an SSL write to retry as it was
 
     def pending(self) -> int:
         return len(self.slots)
@@ -169,8 +242,10 @@ class SocketServer:
     """A Kafka listener: ``SocketServer(handler, config).start()``, then ``port``."""
 
     def __init__(self, handler: RequestHandler, config: SocketServerConfig | None = None, *,
+                 security: ListenerSecurity | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.config = config or SocketServerConfig()
+        self.security = security or ListenerSecurity()
         self._handler = handler
         self._inline = getattr(handler, "handle_inline", None)
         self._clock = clock
@@ -190,6 +265,9 @@ class SocketServer:
         self._memory_bytes = 0          # request buffers allocated and not yet answered
         self._memory_waiters: collections.deque = collections.deque()
         self._next_idle_check = 0.0
+        self._delayed: list = []        # heap: (due, seq, conn, slot, parts) failed answers
+        self._delay_seq = 0
+        self._tls_pending: set = set()  # connections with decrypted bytes left to read
         self.port: int | None = None
         self.host = self.config.host
 
@@ -250,6 +328,10 @@ class SocketServer:
         try:
             while not self._stopping.is_set():
                 timeout = min(self.config.connections_max_idle_ms / 1000.0, 1.0)
+                if self._delayed:
+                    timeout = max(0.0, min(timeout, self._delayed[0][0] - self._clock()))
+                if self._tls_pending:
+                    timeout = 0.0
                 for key, events in self._selector.select(timeout):
                     what = key.data
                     if what == "accept":
@@ -258,7 +340,9 @@ class SocketServer:
                         self._drain_wake()
                     else:
                         self._serve(what, events)
+                self._serve_tls_pending()
                 self._complete_pending()
+                self._answer_delayed()
                 self._close_idle()
         except Exception:       # a bug here would otherwise leave every client hanging
             log.exception("network thread of the listener on port %s failed", self.port)
@@ -274,6 +358,9 @@ class SocketServer:
     def _serve(self, conn: _Connection, events: int) -> None:
         """One connection's events; a bug met on its behalf closes it alone."""
         try:
+            if conn.handshaking:
+                self._handshake(conn)
+                return
             if events & selectors.EVENT_WRITE:
                 self._write(conn)
             if events & selectors.EVENT_READ and not conn.closed:
@@ -311,10 +398,66 @@ class SocketServer:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.security.tls:
+                try:
+                    sock = self.security.ssl_context.wrap_socket(
+                        sock, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ValueError) as exc:
+                    log.info("TLS set-up for %s failed: %s", peer, exc)
+                    sock.close()
+                    continue
             conn = _Connection(sock, peer, self._clock())
+            conn.handshaking = self.security.tls
+            if self.security.sasl:
+                conn.authenticator = self.security.authenticator()
             self._connections[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
             self._stats["accepted"] += 1
+
+    # -- TLS ------------------------------------------------------------------------------
+    def _handshake(self, conn: _Connection) -> None:
+        """One step of the TLS handshake, never blocking: on SSLWantRead/Write the
+        selector waits for that event; done, the connection is served as any other."""
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._handshake_wait(conn, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._handshake_wait(conn, selectors.EVENT_WRITE)
+            return
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            self._stats["tls_failed"] += 1
+            self._close(conn, f"TLS handshake failed: {exc}")
+            return
+        conn.handshaking = False
+        conn.last_active = self._clock()
+        self._stats["tls_handshakes"] += 1
+        cert = conn.sock.getpeercert()
+        if cert:            # a verified client certificate: Kafka's principal is its DN
+            conn.principal = "User:" + ",".join(
+                f"{_DN_NAMES.get(k, k)}={v}" for rdn in reversed(cert.get("subject", ()))
+                for k, v in rdn)
+        self._update_interest(conn)
+
+    def _handshake_wait(self, conn: _Connection, events: int) -> None:
+        conn.handshake_events = events
+        if events != conn.registered:
+            self._selector.modify(conn.sock, events, conn)
+            conn.registered = events
+
+    def _serve_tls_pending(self) -> None:
+        """Read the connections whose TLS layer holds decrypted bytes (the selector does
+        not see those)."""
+        pending, self._tls_pending = self._tls_pending, set()
+        for conn in pending:
+            if not conn.closed and self._reading(conn):
+                self._serve(conn, selectors.EVENT_READ)
+
+    def _note_tls_pending(self, conn: _Connection) -> None:
+        if self.security.tls and not conn.closed and not conn.handshaking and \
+                self._reading(conn) and conn.sock.pending():
+            self._tls_pending.add(conn)
 
     def _close(self, conn: _Connection, why: str) -> None:
         if conn.closed:
@@ -327,6 +470,7 @@ class SocketServer:
             self._selector.unregister(conn.sock)
         conn.sock.close()
         conn.inbox.clear()
+        self._tls_pending.discard(conn)
         self._release(sum(slot.size for slot in conn.slots) +
                       (len(conn.body) if conn.body is not None else 0))
         conn.slots.clear()
@@ -338,15 +482,20 @@ class SocketServer:
         """May the connection's next bytes be read? Not while too many of its requests are
         unanswered, while its next request waits for memory, nor while answers wait for
         the socket (a client that does not read its answers stops being read)."""
-        return not conn.muted and conn.waiting_size is None and not conn.want_write
+        return not conn.muted and conn.waiting_size is None and not conn.want_write and \
+            conn.closing is None
 
     def _update_interest(self, conn: _Connection) -> None:
         """Register for what the connection waits on: reads unless muted, writes while
         output is left; nothing (unregistered) when muted with nothing to write."""
         if conn.closed:
             return
+        if conn.handshaking:
+            return                      # the handshake's own events (_handshake_wait)
         events = (selectors.EVENT_READ if self._reading(conn) else 0) | \
             (selectors.EVENT_WRITE if conn.want_write else 0)
+        if events & selectors.EVENT_READ:
+            self._note_tls_pending(conn)
         if events == conn.registered:
             return
         if not conn.registered:
@@ -369,7 +518,8 @@ class SocketServer:
                 view = memoryview(conn.body)[conn.body_got:]
             try:
                 n = conn.sock.recv_into(view)
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError,
+                    ssl.SSLWantWriteError):
                 return
             except OSError as exc:
                 self._close(conn, f"read failed: {exc}")
@@ -397,6 +547,7 @@ class SocketServer:
             if conn.body_got == len(conn.body):
                 frame, conn.body = conn.body, None
                 self._received(conn, memoryview(frame))
+        self._note_tls_pending(conn)        # stopped at the bound with bytes decrypted
 
     def _received(self, conn: _Connection, frame: memoryview) -> None:
         try:
@@ -410,7 +561,8 @@ class SocketServer:
         slot = _Slot(len(frame))
         conn.slots.append(slot)
         conn.inbox.append((slot, Request(header, frame[pos:], conn.peer,
-                                         time.monotonic_ns())))
+                                         time.monotonic_ns(), ANONYMOUS,
+                                         self.security.name)))
         if len(conn.slots) >= self.config.max_queued_requests:
             conn.muted = True
             self._update_interest(conn)
@@ -448,8 +600,26 @@ class SocketServer:
     # -- handing requests over and taking answers back --------------------------------------
     def _dispatch(self, conn: _Connection) -> None:
         """Hand the connection's next request to the handler, if none is inside it."""
-        while conn.inbox and not conn.busy and not conn.closed:
+        while conn.inbox and not conn.busy and not conn.closed and conn.closing is None:
             slot, request = conn.inbox.popleft()
+            # the principal as of now: a request read before authentication completed
+            # is handed over after it
+            request = request._replace(principal=conn.principal)
+            if conn.authenticator is not None and \
+                    request.header.api_key != wire.API_VERSIONS:
+                if request.header.api_key not in _BEFORE_AUTH:
+                    self._stats["unauthenticated"] += 1
+                    name = wire.API_NAMES.get(request.header.api_key,
+                                              request.header.api_key)
+                    self._close(conn, f"{name} before SASL authentication completed")
+                    return
+                conn.busy = True
+                handle = conn.authenticator.handle
+                if self._pool is None:
+                    self._handled(conn, slot, self._call(request, handle))
+                else:                   # PLAIN runs a PBKDF2: not on the network thread
+                    self._pool.submit(self._call_in_pool, conn, slot, request, handle)
+                continue
             conn.busy = True
             if self._pool is None:
                 self._handled(conn, slot, self._call(request))
@@ -472,8 +642,9 @@ class SocketServer:
                           request.header.api_version, request.client)
             return _Failure(f"handler failed: {exc!r}", "handler_errors")
 
-    def _call_in_pool(self, conn: _Connection, slot: _Slot, request: Request) -> None:
-        result = self._call(request)
+    def _call_in_pool(self, conn: _Connection, slot: _Slot, request: Request,
+                      handle=None) -> None:
+        result = self._call(request, handle)
         self._completions.append((conn, slot, result, True))
         self._wake()
 
@@ -516,9 +687,47 @@ class SocketServer:
             self._stats[result.kind] += 1
             self._close(conn, result.why)
             return
+        if isinstance(result, AuthStep):
+            result = self._auth_step(conn, slot, result)
+            if result is None:
+                return                  # held: answered by _answer_delayed
         slot.done = True
         slot.parts = result
         self._flush(conn)
+
+    def _auth_step(self, conn: _Connection, slot: _Slot, step: AuthStep):
+        """Apply an authenticator's step to the connection: its answer's parts, or None
+        when the answer is held (a failed authentication, delayed)."""
+        if step.principal is not None:
+            conn.principal = step.principal
+            conn.authenticator = None
+            self._stats["authenticated"] += 1
+        if step.failed is None:
+            return step.parts
+        self._stats["authentication_failed"] += 1
+        conn.closing = step.failed
+        for later, _ in conn.inbox:     # read behind it: never answered
+            conn.slots.remove(later)
+            self._release(later.size)
+        conn.inbox.clear()
+        self._update_interest(conn)     # unread from now on
+        delay_s = self.security.failed_authentication_delay_ms / 1000.0
+        if not step.delay or delay_s <= 0:
+            return step.parts
+        self._delay_seq += 1
+        heapq.heappush(self._delayed, (self._clock() + delay_s, self._delay_seq, conn, slot,
+                                       step.parts))
+        return None
+
+    def _answer_delayed(self) -> None:
+        """Write the held answers whose delay is over (their connections then close)."""
+        now = self._clock()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, conn, slot, parts = heapq.heappop(self._delayed)
+            if not conn.closed:
+                slot.done = True
+                slot.parts = parts
+                self._flush(conn)
 
     # -- writing --------------------------------------------------------------------------
     def _flush(self, conn: _Connection) -> None:
@@ -536,10 +745,18 @@ class SocketServer:
             self._write(conn)
 
     def _write(self, conn: _Connection) -> None:
+        tls = self.security.tls
         while conn.out and not conn.closed:
             try:
-                sent = conn.sock.sendmsg(conn.out[:_IOV_MAX])
-            except (BlockingIOError, InterruptedError):
+                if tls:     # SSLSocket has no sendmsg; a retried write passes its bytes again
+                    chunk = conn.tls_chunk or _head_bytes(conn.out, _TLS_CHUNK)
+                    conn.tls_chunk = chunk
+                    sent = conn.sock.send(chunk)
+                    conn.tls_chunk = None
+                else:
+                    sent = conn.sock.sendmsg(conn.out[:_IOV_MAX])
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError,
+                    ssl.SSLWantReadError):
                 break
             except OSError as exc:
                 self._close(conn, f"write failed: {exc}")
@@ -547,6 +764,9 @@ class SocketServer:
             conn.last_active = self._clock()
             _consume(conn.out, sent)
         if conn.closed:
+            return
+        if conn.closing is not None and not conn.out and not conn.slots:
+            self._close(conn, conn.closing)
             return
         want = bool(conn.out)
         if want != conn.want_write:
@@ -574,6 +794,24 @@ class _Failure(NamedTuple):
     kind: str           # the stats counter it adds to
 
 
+#: Kafka's names for the attributes of a certificate's subject (its principal is the DN)
+_DN_NAMES = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O",
+             "localityName": "L", "stateOrProvinceName": "ST", "countryName": "C"}
+
+
+def _head_bytes(parts: list, limit: int) -> bytes:
+    """The first ``limit`` bytes (or fewer) of the buffer list ``parts``, joined."""
+    out, size = [], 0
+    for p in parts:
+        room = limit - size
+        if room <= 0:
+            break
+        view = memoryview(p)
+        out.append(view[:room])
+        size += min(view.nbytes, room)
+    return b"".join(out)
+
+
 def _consume(parts: list, sent: int) -> None:
     """Drop ``sent`` bytes from the front of the buffer list ``parts``."""
     i = 0
@@ -589,4 +827,5 @@ def _consume(parts: list, sent: int) -> None:
         parts[0] = memoryview(parts[0])[sent:]
 
 
-__all__ = ["SocketServer", "SocketServerConfig", "Request", "RequestHandler"]
+__all__ = ["SocketServer", "SocketServerConfig", "Request", "RequestHandler",
+           "ListenerSecurity", "AuthStep", "ANONYMOUS", "SECURITY_PROTOCOLS"]

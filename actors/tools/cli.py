@@ -616,6 +616,41 @@ def _dash(value) -> str:
     return "-" if value is None else str(value)
 
 
+# -- users (SCRAM credentials) ----------------------------------------------------------------
+def _read_password(name: str) -> str:
+    """The password from stdin when it is not a terminal (its first line), else asked for
+    twice without echo: never a command-line argument (``ps`` would show it)."""
+    if not sys.stdin.isatty():
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        import getpass
+        password = getpass.getpass(f"Password for {name}: ")
+        if getpass.getpass("Again: ") != password:
+            raise UsageError("the two passwords differ")
+    if not password:
+        raise UsageError("the password is empty")
+    return password
+
+
+def cmd_users(args) -> int:
+    admin = connect(args.namespace).admin()
+    if args.users_command == "add":
+        password = _read_password(args.name)
+        mechanisms = args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+        admin.create_user(args.name, password, mechanisms=mechanisms,
+                          iterations=args.iterations)
+        print(f"Set the {', '.join(mechanisms)} credentials of user {args.name}.")
+    elif args.users_command == "delete":
+        if not admin.delete_user(args.name):
+            _err(f"no user {args.name!r}")
+            return 1
+        print(f"Deleted user {args.name}.")
+    else:
+        for name, mechanisms in sorted(admin.list_users().items()):
+            print(f"{name}\t{','.join(mechanisms)}")
+    return 0
+
+
 # -- perf ------------------------------------------------------------------------------------
 def _perf_cluster(args):
     if args.embedded:
@@ -884,6 +919,21 @@ def build_parser() -> argparse.ArgumentParser:
     a = cmd(asub, "list", cmd_acls, "list ACLs")
     a.add_argument("--principal", default=None)
     a.add_argument("--topic", default=None)
+    users = sub.add_parser("users", help="SCRAM users: add (or change a password), list, "
+                                         "delete")
+    usub = users.add_subparsers(dest="users_command", metavar="ACTION", parser_class=_Parser)
+    usub.required = True
+    u = cmd(usub, "add", cmd_users, "add a user or change its password (read from stdin, "
+            "or asked for on a terminal)")
+    u.add_argument("name")
+    u.add_argument("--mechanism", action="append",
+                   choices=["SCRAM-SHA-256", "SCRAM-SHA-512"],
+                   help="repeatable (default: both)")
+    u.add_argument("--iterations", type=_positive_int, default=4096,
+                   help="PBKDF2 iterations (4096..16384, default 4096)")
+    cmd(usub, "list", cmd_users, "list users and their mechanisms")
+    u = cmd(usub, "delete", cmd_users, "delete a user")
+    u.add_argument("name")
 
     s = cmd(sub, "reassign", cmd_reassign, "move partitions to new replicas (a "
             "kafka-reassign-partitions JSON plan) and wait until done")
