@@ -54,7 +54,10 @@ def cluster(local_ray, pki):  # noqa: F811
               "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule '
                                   f'required username="broker" password="{BROKER_PASSWORD}";',
               "ssl.certificate.location": pki["cert"], "ssl.key.location": pki["key"],
-              "ssl.ca.location": pki["ca"]}
+              "ssl.ca.location": pki["ca"],
+              # ACLs: everyone may do what no ACL speaks of; the ACL tests deny alice
+              "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
+              "allow.everyone.if.no.acl.found": "true"}
     c = Cluster.start(3, namespace=unique_namespace("sec"), config=config)
     c.admin().create_user("alice", "alice-secret")
     yield c
@@ -451,3 +454,48 @@ def test_wrong_passwords_are_slowed_while_others_are_served_at_once():
         server.close()
     assert min(refusals) >= 0.4
     assert sorted(latencies)[len(latencies) // 2] < 0.1, latencies
+
+
+# -- ACLs with authenticated principals (docs/acls.md) ---------------------------------------
+def test_an_authenticated_user_is_refused_what_its_acls_deny(cluster, pki):
+    """alice over SASL_SSL (SCRAM): denied Write on a topic her produce is
+    TOPIC_AUTHORIZATION_FAILED and stores nothing; denied Read her consumer gets
+    TOPIC_AUTHORIZATION_FAILED; denied Describe a topic is absent from her Metadata;
+    another user (the broker's) still produces to the first."""
+    topic, hidden = _topic(cluster, "acl-alice", rf=1), _topic(cluster, "acl-hidden", rf=1)
+    admin = cluster.admin()
+    conf = _settings(cluster, pki, "SASL_SSL", "SCRAM-SHA-256")
+    # a resource with ACLs is refused to all they do not allow (Kafka's rule): allow
+    # everyone everything on both topics, then deny alice
+    for t in (topic, hidden):
+        admin.create_acl("User:*", "topic", t, "all")
+    for operation in ("write", "read"):
+        admin.create_acl("User:alice", "topic", topic, operation, permission="deny")
+    admin.create_acl("User:alice", "topic", hidden, "describe", permission="deny")
+    probe = ck.Producer(conf)
+    # ACL changes reach a broker in order: once the last one shows, so have the others
+    wait_until(lambda: hidden not in probe.list_topics(timeout=10).topics
+               and topic in probe.list_topics(timeout=10).topics, timeout_s=30,
+               what="alice's ACLs applied")
+
+    def ends():
+        return [row["log_end_offset"] for row in cluster.admin().describe_topic(topic)]
+    before = ends()
+    errors = []
+    producer = ck.Producer({**conf, "message.timeout.ms": 10000})
+    producer.produce(topic, b"x", partition=0, on_delivery=lambda err, msg: errors.append(err))
+    producer.flush(30)
+    assert [e.code() for e in errors] == [ck.KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    consumer = ck.Consumer({**conf, "group.id": "alice-g", "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([ck.TopicPartition(topic, 0, 0)])
+        msg = wait_until(lambda: (lambda m: m is not None and m.error() is not None and m)(
+            consumer.poll(0.5)), timeout_s=30, what="the consumer's error")
+        assert msg.error().code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        consumer.close()
+    ok = ck.Producer({**conf, "sasl.username": "broker", "sasl.password": BROKER_PASSWORD,
+                      "sasl.mechanism": "SCRAM-SHA-512"})
+    ok.produce(topic, b"y", partition=0)
+    assert ok.flush(30) == 0
+    assert ends() == [before[0] + 1, before[1]]
