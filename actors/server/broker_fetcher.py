@@ -29,9 +29,9 @@ Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved
    A partition whose appends keep failing is logged at WARNING with the error (after
    ``FAILURES_BEFORE_WARNING`` in a row, then at most every ``LOG_EVERY_S``; truncations
    that keep failing after ``TRUNCATION_FAILURES_BEFORE_WARNING``, as a new leader may
-   take a while to be ready), and after that many failed appends in a row it truncates
-   by epoch again (its position asked from the replica afresh) instead of retrying the
-   same append for ever.
+   take a while to be ready), and after every that many failed appends in a row it
+   truncates by epoch again (its position asked from the replica afresh) rather than
+   only retrying the same append.
 
 Every change to a replica's log carries the ``generation`` that replica answered when it
 became a follower (``PartitionReplica.become_follower(fetch=False)``); once it has moved on
@@ -362,7 +362,7 @@ class BrokerFetcherThread:
             except Exception as exc:  # noqa: BLE001 - replica stopping, channel died
                 self._drop_channel(p)
                 self._failed(p, "append", exc)
-                if p.failures >= FAILURES_BEFORE_WARNING:
+                if p.failures % FAILURES_BEFORE_WARNING == 0:
                     p.truncating = True     # ask the replica where it stands afresh
                 self._delay([p])
                 continue
