@@ -32,6 +32,11 @@ from .records import (HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC_POS,
 INT32_MAX = 2**31 - 1
 _SCAN_BLOCK = 1 << 16
 _RECOVER_BLOCK = 8 << 20
+# buffers per pwritev call: the system's IOV_MAX (1024 on Linux; more is EINVAL)
+try:
+    _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (ValueError, OSError, AttributeError):
+    _IOV_MAX = 1024
 _LENGTH = struct.Struct(">qi")
 
 
@@ -137,12 +142,18 @@ class LogSegment:
         before (readers, bounded by ``size``, never saw them).
         """
         position = self.size
-        total = 0
-        for chunk in chunks:
-            total += len(chunk)
-        written = os.pwritev(self._fd.fd, chunks, position)
-        if written != total:  # pwritev may be short on some filesystems; finish it
-            self._write_rest(chunks, written, position)
+        # at most IOV_MAX buffers per pwritev (Linux: 1024; more is EINVAL): a follower's
+        # append of a catch-up fetch holds one buffer per batch, often thousands
+        at = position
+        for i in range(0, len(chunks), _IOV_MAX):
+            group = chunks[i:i + _IOV_MAX]
+            total = 0
+            for chunk in group:
+                total += len(chunk)
+            written = os.pwritev(self._fd.fd, group, at)
+            if written != total:  # pwritev may be short on some filesystems; finish it
+                self._write_rest(group, written, at)
+            at += total
         if verify is not None:
             try:
                 verify()

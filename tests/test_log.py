@@ -56,6 +56,20 @@ def test_append_assigns_consecutive_offsets(tmp_path):
             assert [r.offset for r in recs] == list(range(s.base_offset, s.last_offset + 1))
 
 
+def test_one_append_of_thousands_of_batches_is_stored_whole(tmp_path):
+    """A follower's append of a catch-up fetch (thousands of small batches, one write
+    buffer each: more than the system's IOV_MAX) and a leader's of many batches are
+    stored whole, byte for byte (pwritev refused more than IOV_MAX buffers with EINVAL,
+    which left a restarted follower failing the same append for ever)."""
+    batches = [make_batch(1, value_size=10, base_offset=i) for i in range(2500)]
+    with Log.open(str(tmp_path / "f")) as log:
+        assert log.append(b"".join(batches), assign_offsets=False) == (0, 2499)
+        assert [s.data for s in read_all(log)] == batches
+    with Log.open(str(tmp_path / "l")) as log:
+        assert log.append(b"".join(batches[:1500])) == (0, 1499)
+        assert log.log_end_offset == 1500 and len(read_all(log)) == 1500
+
+
 def test_read_returns_whole_batches_within_max_bytes(tmp_path):
     """A read from inside a batch starts at that batch's first byte, returns only whole
     batches, and stays within max_bytes when the first batch fits."""

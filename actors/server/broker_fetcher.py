@@ -26,6 +26,12 @@ Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved
    failed append or a dead replica channel delays the partition ``replica.fetch.backoff.ms``
    (it leaves the Fetch until then, so one bad partition never turns the long poll into a
    busy loop); batches that do not follow the replica's log end make it truncate again.
+   A partition whose appends keep failing is logged at WARNING with the error (after
+   ``FAILURES_BEFORE_WARNING`` in a row, then at most every ``LOG_EVERY_S``; truncations
+   that keep failing after ``TRUNCATION_FAILURES_BEFORE_WARNING``, as a new leader may
+   take a while to be ready), and after every that many failed appends in a row it
+   truncates by epoch again (its position asked from the replica afresh) rather than
+   only retrying the same append.
 
 Every change to a replica's log carries the ``generation`` that replica answered when it
 became a follower (``PartitionReplica.become_follower(fetch=False)``); once it has moved on
@@ -62,6 +68,8 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 30.0            # beyond the long poll itself
 APPLY_TIMEOUT_S = 30.0
 LOG_EVERY_S = 30.0
+FAILURES_BEFORE_WARNING = 5         # failed appends in a row before a WARNING
+TRUNCATION_FAILURES_BEFORE_WARNING = 50   # (about 5 s of replica.fetch.backoff.ms)
 RESPONSE_MAX_BYTES = 10 << 20       # replica.fetch.response.max.bytes (Kafka's default)
 _OUT_OF_RANGE = wire.ERRORS_BY_NAME["OFFSET_OUT_OF_RANGE"].code
 
@@ -95,6 +103,7 @@ class _Followed:
     truncating: bool = True
     delayed_until: float = 0.0
     channel: Any = None
+    failures: int = 0               # failed appends or truncations in a row
 
     @property
     def key(self) -> tuple[str, int]:
@@ -245,6 +254,30 @@ class BrokerFetcherThread:
             p.channel = self.manager.local.channel(p.handle)
         return p.channel
 
+    def _drop_channel(self, p: _Followed) -> None:
+        """Close the partition's channel (the next round opens a new one): an abandoned
+        channel would keep its socket and a reader thread on both ends."""
+        channel, p.channel = p.channel, None
+        if channel is not None:
+            try:
+                channel.close()
+            except Exception:  # noqa: BLE001 - already failed
+                pass
+
+    def _failed(self, p: _Followed, what: str, exc: BaseException,
+                warn_after: int = FAILURES_BEFORE_WARNING) -> None:
+        """One more failed append or truncation of ``p`` in a row: DEBUG at first (a
+        replica stopping, a leader not ready yet are routine), WARNING once ``warn_after``
+        of them came in a row (rate-limited per partition), with the error."""
+        p.failures += 1
+        if p.failures < warn_after:
+            log.debug("%s: %s-%d: %s failed (%r)", self.name, p.topic, p.partition, what, exc)
+            return
+        self._note(f"failing-{p.key}", f"{self.name}: {p.topic}-{p.partition}: {what} "
+                   f"failed {p.failures} times in a row at offset {p.fetch_offset} "
+                   f"(leader {p.leader_id}, epoch {p.leader_epoch}, generation "
+                   f"{p.generation}): {exc!r}")
+
     # -- truncation (step 1) ----------------------------------------------------------------
     def _truncate(self, conn: KafkaConnection, p: _Followed) -> None:
         side = self.manager.local.side(p.handle)
@@ -258,8 +291,7 @@ class BrokerFetcherThread:
         except NetworkError:
             raise
         except Exception as exc:  # noqa: BLE001 - leader not ready, replica busy: later
-            self._note(f"truncate-{p.key}", f"{self.name}: {p.topic}-{p.partition} cannot "
-                       f"truncate by epoch yet ({exc!r})", level=logging.DEBUG)
+            self._failed(p, "truncation by epoch", exc, TRUNCATION_FAILURES_BEFORE_WARNING)
             self._delay([p])
             return
         if self._moved_to(p, position):
@@ -329,12 +361,14 @@ class BrokerFetcherThread:
                 self._delay([p])
                 continue
             except Exception as exc:  # noqa: BLE001 - replica stopping, channel died
-                p.channel = None
-                self._note(f"apply-{p.key}", f"{self.name}: {p.topic}-{p.partition}: append "
-                           f"failed ({exc!r})", level=logging.DEBUG)
+                self._drop_channel(p)
+                self._failed(p, "append", exc)
+                if p.failures % FAILURES_BEFORE_WARNING == 0:
+                    p.truncating = True     # ask the replica where it stands afresh
                 self._delay([p])
                 continue
-            self._moved_to(p, position)
+            if self._moved_to(p, position):
+                p.failures = 0
 
     def _moved_to(self, p: _Followed, position: tuple[int, int] | None) -> bool:
         """The replica's (LEO, HW) after a change: where to fetch next; None (it moved on

@@ -221,7 +221,13 @@ class ReplicaChannelServer:
         def send(parts: list) -> None:
             with send_lock:
                 try:
-                    conn.sendmsg(parts) if len(parts) > 1 else conn.sendall(parts[0])
+                    if len(parts) == 1:
+                        conn.sendall(parts[0])
+                        return
+                    sent = conn.sendmsg(parts)
+                    total = sum(len(p) for p in parts)
+                    if sent < total:         # a short send (a signal): finish it, in order
+                        conn.sendall(b"".join(bytes(p) for p in parts)[sent:])
                 except OSError:
                     pass                                 # the reader sees the end
 
