@@ -87,7 +87,7 @@ class FakeStore:
     def get_broker(self, broker_id):
         if broker_id not in self.brokers:
             return None
-        return SimpleNamespace(host="127.0.0.1", port=0, rack=None)
+        return SimpleNamespace(host="127.0.0.1", port=0, rack=None, listeners=lambda: ())
 
     def pending_topic_deletions(self, *, watch=None):
         return sorted(self.deleting)

@@ -178,7 +178,7 @@ class BrokerConnections:
             return conn
         # a broker's listener of the client's security protocol (fakes know only one)
         host, port = (self._metadata.broker_address(broker_id)
-                      if self._security is PLAINTEXT else
+                      if self._security.protocol == "PLAINTEXT" else
                       self._metadata.broker_address(broker_id, self._security.protocol))
         with self._lock:
             if self._closed:
