@@ -342,8 +342,7 @@ class Broker:
             self.find_coordinator, lambda: self.coordinator, self.broker_id), access),
             admin=self.admin_apis,
             producers=ProducerIdApis(self._generate_producer_id, access),
-            extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)],
-            authorizer=lambda: self.authorizer)
+            extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)], access=access)
         self.backend.on_change = self.apis.notify
         self.backend.on_change_inline = self.apis.notify_inline
         out = []

@@ -303,9 +303,9 @@ class KafkaApis:
     def __init__(self, backend: Backend, *, purgatory: Purgatory | None = None,
                  clock: Callable[[], float] = time.monotonic, groups=None, admin=None,
                  producers=None, extra: Iterable = (),
-                 authorizer: Callable[[], Any] = lambda: None):
+                 access: Access | None = None):
         self.backend = backend
-        self.access = Access(authorizer)    # the broker's authorizer (authorizer.py)
+        self.access = access or Access()    # the broker's authorizer (authorizer.py)
         self._clock = clock
         self._own_purgatory = purgatory is None
         self.fetch_purgatory = purgatory or Purgatory("fetch-purgatory", clock=clock)
