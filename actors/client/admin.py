@@ -215,12 +215,15 @@ class Admin:
         raise NoBrokersAvailable(f"no broker answered {method} ({last!r})")
 
     # -- users (SCRAM credentials) -----------------------------------------------------------------
-    def create_user(self, name: str, password: str, *,
+    def create_user(self, name: str, password: str, mechanism: str | None = None, *,
                     mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512"),
                     iterations: int = MIN_ITERATIONS) -> None:
         """Give user ``name`` SCRAM credentials for ``password`` (salted and iterated
-        here: the password never leaves this process), one per mechanism; an existing
-        user's credentials for those mechanisms are replaced (a password change)."""
+        here: the password never leaves this process): for ``mechanism`` alone when given,
+        else one per ``mechanisms`` (both SCRAM mechanisms); an existing user's credentials
+        for those mechanisms are replaced (a password change)."""
+        if mechanism is not None:
+            mechanisms = (mechanism,)
         try:
             user_path(name)
             creds = {m: scram_credential(m, password, iterations=iterations).to_string()
@@ -234,7 +237,11 @@ class Admin:
         already opened stay open."""
         return self._call("delete_user", name)
 
-    def list_users(self) -> dict[str, list[str]]:
+    def list_users(self) -> list[str]:
+        """The users with SCRAM credentials, sorted."""
+        return sorted(self.user_mechanisms())
+
+    def user_mechanisms(self) -> dict[str, list[str]]:
         """Every user with SCRAM credentials -> its mechanisms."""
         return self._call("list_users")
 

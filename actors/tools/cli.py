@@ -646,7 +646,7 @@ def cmd_users(args) -> int:
             return 1
         print(f"Deleted user {args.name}.")
     else:
-        for name, mechanisms in sorted(admin.list_users().items()):
+        for name, mechanisms in sorted(admin.user_mechanisms().items()):
             print(f"{name}\t{','.join(mechanisms)}")
     return 0
 
