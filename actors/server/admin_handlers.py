@@ -60,7 +60,19 @@ _METADATA = "metadata"
 # DescribeConfigs' resource types, config sources and config types (Kafka's ids)
 TOPIC, BROKER = 2, 4
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
-BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST, PASSWORD = 1, 2, 3, 5, 6, 7, 9
+
+#: Broker settings that are secrets (Kafka's PASSWORD-type configs, and ZooKeeper's digest
+#: credential), by their last dotted words, so that a listener-scoped form
+#: (``listener.name.<l>.<mechanism>.sasl.jaas.config``) is one too. DescribeConfigs answers
+#: them as Kafka does: value null, ``is_sensitive`` true.
+_SENSITIVE_SUFFIXES = ("password", "sasl.jaas.config", "auth.digest", "ssl.keystore.key",
+                       "ssl.keystore.certificate.chain", "ssl.truststore.certificates")
+
+
+def is_sensitive(name: str) -> bool:
+    """Whether broker setting ``name`` is a secret DescribeConfigs never shows."""
+    return name.endswith(_SENSITIVE_SUFFIXES)
 
 #: Kafka's value for "never" of flush.messages and flush.ms (LogConfig's None).
 _LONG_MAX = str((1 << 63) - 1)
@@ -437,12 +449,15 @@ class AdminApis:
         for name, (source, value) in sorted(values.items()):
             if keys is not None and name not in keys:
                 continue
+            secret = is_sensitive(name)
+            if secret:
+                value = None
             out.append({"name": name, "value": value, "read_only": True,
                         "config_source": source, "is_default": source == DEFAULT_CONFIG,
-                        "is_sensitive": False,
+                        "is_sensitive": secret,
                         "synonyms": [{"name": name, "value": value, "source": source}]
                         if synonyms else [],
-                        "config_type": STRING,
+                        "config_type": PASSWORD if secret else STRING,
                         "documentation": "A broker setting, given at start." if docs
                         else None})
         return out
