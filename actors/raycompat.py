@@ -50,6 +50,10 @@ def read_state(namespace: str) -> dict | None:
         return None
 
 
+#: The niceness of the workers of a Ray raykafka starts (Ray's default is 15).
+WORKER_NICENESS = 0
+
+
 def init_local(namespace: str, *, dashboard: bool = False, **kwargs) -> None:
     """Use the Ray this process is attached to, or start a private local one on 127.0.0.1.
 
@@ -65,6 +69,12 @@ def init_local(namespace: str, *, dashboard: bool = False, **kwargs) -> None:
     _quiet(kwargs)
     kwargs.setdefault("object_store_memory",
                       int(os.environ.get("RAYKAFKA_OBJECT_STORE_BYTES", 2 << 30)))
+    # Ray starts its workers at nice 15, below every ordinary process: a broker or replica
+    # actor then loses the CPU to any busy client on the machine and its latency becomes
+    # the client's (acks=all at RF=3 went from ~30 ms to over a second beside a polling
+    # consumer; docs/dataplane.md "Niceness"). Servers run at the priority of their clients.
+    kwargs["_system_config"] = {"worker_niceness": WORKER_NICENESS,
+                                **(kwargs.get("_system_config") or {})}
     if dashboard:
         kwargs.update(include_dashboard=True, dashboard_host="127.0.0.1",
                       dashboard_port=_free_loopback_port())

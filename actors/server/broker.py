@@ -198,6 +198,12 @@ class Broker:
         session_s = float(self.config.get("zookeeper.session.timeout.ms", 6000)) / 1000
         if wait_for_stale_s is None:
             wait_for_stale_s = session_s * 3 + 10 if self.ran_here_before else 0.0
+        niceness = os.nice(0)
+        if niceness > 0:
+            log.warning("broker %d runs at nice %d (Ray's default for workers): any busy "
+                        "process on the node takes the CPU from it and its latency suffers; "
+                        "start Ray with RAY_worker_niceness=0 (docs/dataplane.md, "
+                        "\"Niceness\")", self.broker_id, niceness)
         try:
             digest = digest_from_config(self.config)
         except ValueError as exc:
