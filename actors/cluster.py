@@ -364,6 +364,18 @@ class Cluster:
         """Whether the cluster was started with ``secure=True``."""
         return bool(self._info.get("security"))
 
+    @property
+    def security_files(self) -> dict | None:
+        """None without ``secure=True``; else what a user needs to find the secrets, never
+        the secrets: ``protocol``, ``mechanism``, ``user`` (the admin), ``ca_file``,
+        ``password_file`` (the admin's, 0600), ``properties_file`` (librdkafka settings of
+        the admin, for ``kcat -F``, 0600), ``directory``."""
+        security = self._info.get("security")
+        if not security:
+            return None
+        return {k: security[k] for k in ("protocol", "mechanism", "user", "ca_file",
+                                         "password_file", "properties_file", "directory")}
+
     def client_config(self, user: str | None = None, password: str | None = None) -> dict:
         """librdkafka / confluent-kafka settings for this cluster: ``bootstrap.servers``,
         and on a secured cluster ``security.protocol``, ``sasl.mechanism``,
