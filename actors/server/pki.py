@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import tempfile
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -156,31 +157,32 @@ def expires(cert_pem: bytes) -> datetime.datetime:
     return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
 
 
-def write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` readable by its owner only (0600 from the start: the
-    file is created with that mode, then renamed into place)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write(path: str, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` whole (a new temporary file of ``mode`` beside it, made
+    with O_EXCL by mkstemp, renamed into place: never through a name someone prepared)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
+                               dir=os.path.dirname(path) or ".")
     try:
-        os.fchmod(fd, 0o600)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
-    os.replace(tmp, path)
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (0600 from the start)."""
+    _write(path, data, 0o600)
 
 
 def write_public(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` (0644: certificates are not secrets), atomically."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` (0644: certificates are not secrets)."""
+    _write(path, data, 0o644)
 
 
 __all__ = ["make_ca", "make_certificate", "needs_new_certificate", "certificate_hosts",

@@ -173,16 +173,30 @@ def write_properties(security: dict, bootstrap: str) -> None:
 def ca_file(security: dict) -> str:
     """A path of the cluster's CA certificate on this machine: the security directory's
     when it is here, else a copy of the PEM the cluster info holds (in the temp dir, named
-    by its hash, so every process of this machine shares one)."""
+    by the user and the PEM's hash, so every process of this user shares one; a file of
+    that name is used only when it is ours and holds exactly that PEM)."""
     path = security.get("ca_file")
     if path and os.path.exists(path):
         return path
     pem = security["ca_pem"].encode()
-    path = os.path.join(tempfile.gettempdir(),
-                        f"raykafka-ca-{hashlib.sha256(pem).hexdigest()[:16]}.pem")
-    if not os.path.exists(path):
+    path = os.path.join(tempfile.gettempdir(), f"raykafka-ca-{os.getuid()}-"
+                        f"{hashlib.sha256(pem).hexdigest()[:16]}.pem")
+    try:
+        with open(path, "rb") as f:
+            if f.read() == pem and os.fstat(f.fileno()).st_uid == os.getuid():
+                return path
+    except FileNotFoundError:
+        pass
+    try:
         pki.write_public(path, pem)
-    return path
+        return path
+    except OSError:
+        # a file of that name we may not replace (another user's, in a sticky /tmp): never
+        # trust it; a file of our own instead
+        fd, path = tempfile.mkstemp(prefix="raykafka-ca-", suffix=".pem")
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        return path
 
 
 def client_settings(security: dict, bootstrap: str, user: str | None = None,
