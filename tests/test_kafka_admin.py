@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import types
 
 import pytest
 
@@ -429,3 +430,23 @@ def test_incremental_config_ops_follow_kafkas_rules():
                 [("retention.ms", 9, "2")]):
         with pytest.raises(InvalidConfigurationError):
             apply_config_ops(config, ops)
+
+
+def test_describe_configs_never_shows_the_brokers_secrets():
+    """A broker's secrets (sasl.jaas.config, also listener-scoped, ssl.key.password,
+    zookeeper.auth.digest) are described as Kafka describes PASSWORD configs: value null,
+    is_sensitive, in synonyms too; an ordinary setting keeps its value."""
+    from actors.server.admin_handlers import PASSWORD, AdminApis
+    fake = types.SimpleNamespace(broker_id=0, broker_config={
+        "sasl.jaas.config": 'x required username="broker" password="p";',
+        "listener.name.internal.scram-sha-512.sasl.jaas.config": "secret",
+        "ssl.key.password": "k", "zookeeper.auth.digest": "raykafka:z",
+        "num.partitions": "3"})
+    entries = {e["name"]: e for e in AdminApis._broker_entries(fake, None, True, False)}
+    for name in ("sasl.jaas.config", "listener.name.internal.scram-sha-512.sasl.jaas.config",
+                 "ssl.key.password", "zookeeper.auth.digest"):
+        e = entries[name]
+        assert (e["value"], e["is_sensitive"], e["config_type"]) == (None, True, PASSWORD)
+        assert [s["value"] for s in e["synonyms"]] == [None]
+    assert (entries["num.partitions"]["value"], entries["num.partitions"]["is_sensitive"]) \
+        == ("3", False)

@@ -61,12 +61,18 @@ _METADATA = "metadata"
 TOPIC, BROKER = 2, 4
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 BOOLEAN, STRING, INT, LONG, DOUBLE, LIST, PASSWORD = 1, 2, 3, 5, 6, 7, 9
-#: Broker settings Kafka types PASSWORD (and ours alike): DescribeConfigs answers them with a
-#: null value and is_sensitive, as Kafka does, never their text.
-SENSITIVE_SETTINGS = frozenset({"sasl.jaas.config", "zookeeper.auth.digest",
-                                "ssl.keystore.key", "ssl.keystore.certificate.chain",
-                                "ssl.truststore.certificates", "password.encoder.secret",
-                                "delegation.token.secret.key"})
+
+#: Broker settings that are secrets (Kafka's PASSWORD-type configs, and ZooKeeper's digest
+#: credential), by their last dotted words, so that a listener-scoped form
+#: (``listener.name.<l>.<mechanism>.sasl.jaas.config``) is one too. DescribeConfigs answers
+#: them as Kafka does: value null, ``is_sensitive`` true.
+_SENSITIVE_SUFFIXES = ("password", "sasl.jaas.config", "auth.digest", "ssl.keystore.key",
+                       "ssl.keystore.certificate.chain", "ssl.truststore.certificates")
+
+
+def is_sensitive(name: str) -> bool:
+    """Whether broker setting ``name`` is a secret DescribeConfigs never shows."""
+    return name.endswith(_SENSITIVE_SUFFIXES)
 
 #: Kafka's value for "never" of flush.messages and flush.ms (LogConfig's None).
 _LONG_MAX = str((1 << 63) - 1)
@@ -429,22 +435,6 @@ class AdminApis:
                             "config_type": STRING, "documentation": None})
         return out
 
-    @staticmethod
-    def is_sensitive(name: str) -> bool:
-        """Whether broker setting ``name`` is a secret: one of SENSITIVE_SETTINGS or a
-        ``*.password`` / ``*secret*`` setting, also in its listener-scoped forms
-        (``listener.name.<l>.[<mechanism>.]<setting>``)."""
-        name = name.lower()
-        if name.startswith("listener.name."):
-            name = name.split(".", 3)[-1]          # drop listener.name.<l>.
-        base = name
-        for mechanism in ("scram-sha-256.", "scram-sha-512.", "plain.", "gssapi.",
-                          "oauthbearer."):
-            if base.startswith(mechanism):
-                base = base[len(mechanism):]
-        return base in SENSITIVE_SETTINGS or base.endswith(".password") or \
-            base == "password" or "secret" in base
-
     def _broker_entries(self, keys, synonyms: bool, docs: bool) -> list:
         """This broker's settings as given at start (STATIC_BROKER_CONFIG), and the
         defaults of the ones it applies when not given: all read-only."""
@@ -459,15 +449,15 @@ class AdminApis:
         for name, (source, value) in sorted(values.items()):
             if keys is not None and name not in keys:
                 continue
-            sensitive = self.is_sensitive(name)
-            if sensitive:
+            secret = is_sensitive(name)
+            if secret:
                 value = None
             out.append({"name": name, "value": value, "read_only": True,
                         "config_source": source, "is_default": source == DEFAULT_CONFIG,
-                        "is_sensitive": sensitive,
+                        "is_sensitive": secret,
                         "synonyms": [{"name": name, "value": value, "source": source}]
                         if synonyms else [],
-                        "config_type": PASSWORD if sensitive else STRING,
+                        "config_type": PASSWORD if secret else STRING,
                         "documentation": "A broker setting, given at start." if docs
                         else None})
         return out
