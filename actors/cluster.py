@@ -270,7 +270,7 @@ class Cluster:
         security = self._info["security"]
         self.admin().create_user(security["user"], security["password"],
                                  mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512"))
-        write_properties(security, self.bootstrap_servers)
+        write_properties(security, self._secure_bootstrap())
 
     @classmethod
     def connect(cls, namespace: str = "raykafka") -> "Cluster":
@@ -396,7 +396,12 @@ class Cluster:
         if user is not None and user != security["user"] and password is None:
             raise IllegalArgumentError(f"client_config(user={user!r}) needs that user's "
                                        f"password (only the admin's is known to the cluster)")
-        return client_settings(security, self.bootstrap_servers, user, password)
+        return client_settings(security, self._secure_bootstrap(), user, password)
+
+    def _secure_bootstrap(self) -> str:
+        """The secured listener's addresses (the first listener's when it was renamed)."""
+        return self.bootstrap_servers_for(self._info["security"]["protocol"]) or \
+            self.bootstrap_servers
 
     def _client_kwargs(self, config: dict) -> dict:
         """A raykafka client's settings: on a secured cluster SASL_SSL as the admin user

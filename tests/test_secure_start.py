@@ -234,6 +234,18 @@ def test_a_restart_reuses_the_ca_and_secrets_and_renews_the_broker_certificate(c
         assert f.read() == first.ca_pem
 
 
+def test_settings_given_win_over_what_secure_sets(cluster, tmp_path):
+    """secure=True's settings are defaults: a key the caller gave keeps its value, the others
+    are filled in."""
+    from actors.cluster import _secure_defaults
+    config = {"super.users": "User:ops", "listeners": "SASL_SSL://127.0.0.1:9999"}
+    info = _secure_defaults(str(tmp_path), config)
+    assert config["super.users"] == "User:ops"
+    assert config["listeners"] == "SASL_SSL://127.0.0.1:9999"
+    assert config["zookeeper.set.acl"] == "true" and config["authorizer.class.name"]
+    assert info["user"] == "admin" and info["protocol"] == "SASL_SSL"
+
+
 def test_raykafka_start_secure_prints_settings_kcat_can_use(tmp_path):
     """`raykafka start --secure` prints the client settings with the password's file (never
     the password); kcat -F with the admin.properties it names produces and consumes;

@@ -68,7 +68,6 @@ class SecurityFiles:
         """The brokers' settings of a secured cluster (the caller's own win: setdefault)."""
         return {
             "listeners": listeners,
-            "listener.security.protocol.map": f"{PROTOCOL}:{PROTOCOL}",
             "inter.broker.listener.name": PROTOCOL,
             "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
             "sasl.mechanism.inter.broker.protocol": MECHANISM,

@@ -324,7 +324,7 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
     state = {**base, "status": "ready", "ray_address": ray.get_runtime_context().gcs_address,
              "ray_auth_mode": raycompat.auth_mode(), "dashboard_url": raycompat.dashboard_url(),
              "zk_hosts": cluster.zk_hosts, "broker_ids": cluster.broker_ids(),
-             "bootstrap_servers": cluster.bootstrap_servers,
+             "bootstrap_servers": cluster.client_config()["bootstrap.servers"],
              # where the secrets are, never the secrets: this file is not private
              "security": cluster.security_files,
              "ray_pids": [] if ray_address is not None else _ray_pids()}
