@@ -229,6 +229,13 @@ class Cluster:
         own_dir = data_dir is None
         data_dir = os.path.abspath(data_dir or tempfile.mkdtemp(prefix=f"raykafka-{namespace}-"))
         os.makedirs(data_dir, exist_ok=True)
+        if not secure and zk is None and "zookeeper.auth.digest" not in broker_config and \
+                os.path.isdir(os.path.join(data_dir, "security")):
+            # its embedded ZooKeeper's znodes carry the secured cluster's digest ACLs: an
+            # open start could not change them (NoAuth deep inside a broker's start)
+            raise InvalidConfigurationError(
+                f"{data_dir} holds a secured cluster (its security directory is there): "
+                f"start it with secure=True (raykafka start --secure)")
         zk_server = None
         if zk is None:
             from coordination.zk_server import EmbeddedZooKeeper

@@ -246,6 +246,14 @@ def test_settings_given_win_over_what_secure_sets(cluster, tmp_path):
     assert info["user"] == "admin" and info["protocol"] == "SASL_SSL"
 
 
+def test_an_open_start_on_a_secured_data_dir_is_refused(cluster):
+    """Cluster.start without secure=True on a data dir with a security directory (its
+    ZooKeeper's znodes carry the digest ACLs) is InvalidConfigurationError at once."""
+    from actors.errors import InvalidConfigurationError
+    with pytest.raises(InvalidConfigurationError, match="secure=True"):
+        Cluster.start(1, data_dir=cluster.data_dir, namespace=unique_namespace("open"))
+
+
 def test_raykafka_start_secure_prints_settings_kcat_can_use(tmp_path):
     """`raykafka start --secure` prints the client settings with the password's file (never
     the password); kcat -F with the admin.properties it names produces and consumes;
