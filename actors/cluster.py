@@ -35,8 +35,9 @@ import time
 from coordination.zk_layout import split_connect, zookeeper_connect
 
 from . import raycompat
-from .errors import (BrokerNotAvailableError, ClusterNotFoundError, IllegalStateError,
-                     InvalidConfigurationError, KafkaError, KafkaTimeoutError)
+from .errors import (BrokerNotAvailableError, ClusterNotFoundError, IllegalArgumentError,
+                     IllegalStateError, InvalidConfigurationError, KafkaError,
+                     KafkaTimeoutError, SecurityDisabledError)
 from .protocol import (CLUSTER_INFO_ACTOR, broker_actor_name, controller_actor_name,
                        group_coordinator_actor_name, replica_actor_name)
 from .server.nodes import place_brokers
@@ -90,6 +91,23 @@ def _validate_config(config) -> dict:
             raise InvalidConfigurationError(f"{key} must be a positive integer, got "
                                             f"{out[key]!r}") from None
     return out
+
+
+def _secure_defaults(data_dir: str, broker_config: dict) -> dict:
+    """``secure=True``: make or reuse ``<data_dir>/security`` (server/secure.py), put its
+    settings into ``broker_config`` where the caller set none, and answer what the cluster
+    info keeps. The broker certificate names this machine and every Ray node's address.
+    Listeners: SASL_SSL on 127.0.0.1 on a one-node Ray, on every address (advertising the
+    node's) on a multi-node one."""
+    from .server import secure
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    hosts = secure.node_hosts() + [n.get("NodeManagerAddress") for n in nodes]
+    hosts += [n.get("NodeManagerHostname") for n in nodes]
+    files = secure.prepare(data_dir, hosts)
+    listeners = f"SASL_SSL://{'127.0.0.1' if len(nodes) <= 1 else ''}:0"
+    for key, value in files.broker_config(listeners).items():
+        broker_config.setdefault(key, value)
+    return files.info()
 
 
 def signal_pids(pids: list[int], signum: int, *, settle_s: float = 5.0) -> list[int]:
@@ -178,7 +196,16 @@ class Cluster:
     # -- starting and attaching -------------------------------------------------------------------
     @classmethod
     def start(cls, num_brokers: int = 3, data_dir: str | None = None, zk: str | None = None,
-              namespace: str = "raykafka", config: dict | None = None) -> "Cluster":
+              namespace: str = "raykafka", config: dict | None = None,
+              secure: bool = False) -> "Cluster":
+        """Start a cluster (see the module docstring). ``secure=True``: SASL_SSL listeners
+        with SCRAM, a CA and broker certificate made (or reused) under
+        ``<data_dir>/security``, an ACL authorizer, ZooKeeper digest ACLs and an admin user
+        (a super user) whose password is in ``<data_dir>/security/admin.password``; every
+        setting it makes is a default the ``config`` given overrides (actors/server/
+        secure.py, docs/security.md)."""
+        if not isinstance(secure, bool):
+            raise InvalidConfigurationError(f"secure must be True or False, got {secure!r}")
         if not isinstance(num_brokers, int) or isinstance(num_brokers, bool) or num_brokers < 1:
             raise InvalidConfigurationError(f"num_brokers must be an integer >= 1, got "
                                             f"{num_brokers!r}")
@@ -202,6 +229,13 @@ class Cluster:
         own_dir = data_dir is None
         data_dir = os.path.abspath(data_dir or tempfile.mkdtemp(prefix=f"raykafka-{namespace}-"))
         os.makedirs(data_dir, exist_ok=True)
+        if not secure and zk is None and "zookeeper.auth.digest" not in broker_config and \
+                os.path.isdir(os.path.join(data_dir, "security")):
+            # its embedded ZooKeeper's znodes carry the secured cluster's digest ACLs: an
+            # open start could not change them (NoAuth deep inside a broker's start)
+            raise InvalidConfigurationError(
+                f"{data_dir} holds a secured cluster (its security directory is there): "
+                f"start it with secure=True (raykafka start --secure)")
         zk_server = None
         if zk is None:
             from coordination.zk_server import EmbeddedZooKeeper
@@ -213,6 +247,8 @@ class Cluster:
                 "data_dir": data_dir,
                 "config": broker_config, "broker_ids": list(range(num_brokers)),
                 "own_data_dir": own_dir, "embedded_zk": zk_server is not None}
+        if secure:
+            info["security"] = _secure_defaults(data_dir, broker_config)
         info_actor = ray.remote(ClusterInfo).options(
             name=INFO_ACTOR, namespace=namespace, num_cpus=0).remote(info)
         cluster = cls(info, owned=True, zk_server=zk_server, info_actor=info_actor)
@@ -227,10 +263,21 @@ class Cluster:
             ray.get([h.start.remote() for h in handles],
                     timeout=START_TIMEOUT_S + session_s * 3 + 10)
             cluster.wait_ready(timeout_s=START_TIMEOUT_S)
+            if secure:
+                cluster._create_admin_user()
         except BaseException:
             cluster.shutdown()
             raise
         return cluster
+
+    def _create_admin_user(self) -> None:
+        """The secured cluster's admin user (both SCRAM mechanisms; a restart sets the same
+        password again), and admin.properties with the brokers' addresses of this start."""
+        from .server.secure import write_properties
+        security = self._info["security"]
+        self.admin().create_user(security["user"], security["password"],
+                                 mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+        write_properties(security, self._secure_bootstrap())
 
     @classmethod
     def connect(cls, namespace: str = "raykafka") -> "Cluster":
@@ -319,6 +366,58 @@ class Cluster:
         """``bootstrap_servers`` of the listener named ``listener`` (e.g. ``SASL_SSL``)."""
         return bootstrap_servers_of(self.metadata.refresh(), listener)
 
+    @property
+    def secure(self) -> bool:
+        """Whether the cluster was started with ``secure=True``."""
+        return bool(self._info.get("security"))
+
+    @property
+    def security_files(self) -> dict | None:
+        """None without ``secure=True``; else what a user needs to find the secrets, never
+        the secrets: ``protocol``, ``mechanism``, ``user`` (the admin), ``ca_file``,
+        ``password_file`` (the admin's, 0600), ``properties_file`` (librdkafka settings of
+        the admin, for ``kcat -F``, 0600), ``directory``."""
+        security = self._info.get("security")
+        if not security:
+            return None
+        return {k: security[k] for k in ("protocol", "mechanism", "user", "ca_file",
+                                         "password_file", "properties_file", "directory")}
+
+    def client_config(self, user: str | None = None, password: str | None = None) -> dict:
+        """librdkafka / confluent-kafka settings for this cluster: ``bootstrap.servers``,
+        and on a secured cluster ``security.protocol``, ``sasl.mechanism``,
+        ``sasl.username``, ``sasl.password`` and ``ssl.ca.location`` of the admin user, or
+        of ``user`` (whose ``password`` must then be given: IllegalArgumentError). A user on
+        a cluster without security is SecurityDisabledError."""
+        from .server.secure import client_settings
+        security = self._info.get("security")
+        if user is not None and (not isinstance(user, str) or not user):
+            raise IllegalArgumentError(f"user must be a non-empty str, got {user!r}")
+        if password is not None and not isinstance(password, str):
+            raise IllegalArgumentError("password must be a str")
+        if not security:
+            if user is not None or password is not None:
+                raise SecurityDisabledError(f"cluster {self.namespace!r} was not started with "
+                                            f"secure=True: it has no users")
+            return {"bootstrap.servers": self.bootstrap_servers}
+        if user is not None and user != security["user"] and password is None:
+            raise IllegalArgumentError(f"client_config(user={user!r}) needs that user's "
+                                       f"password (only the admin's is known to the cluster)")
+        return client_settings(security, self._secure_bootstrap(), user, password)
+
+    def _secure_bootstrap(self) -> str:
+        """The secured listener's addresses (the first listener's when it was renamed)."""
+        return self.bootstrap_servers_for(self._info["security"]["protocol"]) or \
+            self.bootstrap_servers
+
+    def _client_kwargs(self, config: dict) -> dict:
+        """A raykafka client's settings: on a secured cluster SASL_SSL as the admin user
+        unless ``config`` says otherwise (server/secure.py ``client_kwargs``)."""
+        if not self._info.get("security"):
+            return config
+        from .server.secure import client_kwargs
+        return client_kwargs(self._info["security"], config)
+
     # -- clients ---------------------------------------------------------------------------------------
     def admin(self):
         from .client.admin import Admin
@@ -326,15 +425,15 @@ class Cluster:
 
     def producer(self, **config):
         from .client.producer import Producer
-        return Producer(self.metadata, **config)
+        return Producer(self.metadata, **self._client_kwargs(config))
 
     def simple_consumer(self, **config):
         from .client.simple_consumer import SimpleConsumer
-        return SimpleConsumer(self.metadata, **config)
+        return SimpleConsumer(self.metadata, **self._client_kwargs(config))
 
     def consumer(self, *topics, **config):
         from .client.consumer import Consumer
-        return Consumer(self, *topics, **config)
+        return Consumer(self, *topics, **self._client_kwargs(config))
 
     def consumer_group(self, group_id: str, topics=(), num_members: int = 1,
                        process_fn=None, *, pattern: str | None = None,

@@ -117,7 +117,10 @@ class ClientSecurity:
                                                 f"sasl_plain_password")
         context = None
         if protocol.endswith("SSL"):
-            context = ssl.create_default_context(cafile=config.get("ssl_cafile"))
+            # ssl_cadata (PEM text) is not kafka-python's: a broker's fetchers use it when
+            # the CA comes as KIP-651's ssl.truststore.certificates (server/listeners.py)
+            context = ssl.create_default_context(cafile=config.get("ssl_cafile"),
+                                                 cadata=config.get("ssl_cadata"))
             context.check_hostname = bool(config.get("ssl_check_hostname", True))
             if config.get("ssl_certfile"):
                 context.load_cert_chain(config["ssl_certfile"], config.get("ssl_keyfile"))

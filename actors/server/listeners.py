@@ -18,6 +18,10 @@ listener, as in Kafka):
   ``ssl.client.auth`` is ``required`` or ``requested``), ``ssl.endpoint.identification.
   algorithm`` (``https``, the default: a broker checks the host name of the broker it
   connects to; empty: it does not).
+  Instead of files, the PEM text itself (Kafka's KIP-651, what ``secure=True`` sets, so
+  that a broker on any node has them): ``ssl.keystore.type=PEM`` with
+  ``ssl.keystore.certificate.chain`` and ``ssl.keystore.key``, ``ssl.truststore.type=PEM``
+  with ``ssl.truststore.certificates``. A location, when given, wins.
 - SASL: ``sasl.enabled.mechanisms`` (default ``SCRAM-SHA-256,SCRAM-SHA-512,PLAIN``; Kafka's
   default is GSSAPI, which raykafka does not implement), ``connection.failed.
   authentication.delay.ms`` (default 100).
@@ -28,8 +32,10 @@ listener, as in Kafka):
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
+import tempfile
 from dataclasses import dataclass
 
 from ..connection import ClientSecurity
@@ -132,16 +138,23 @@ def inter_broker_listener(config: dict, specs: list[ListenerSpec]) -> ListenerSp
 def _server_context(config: dict, name: str) -> ssl.SSLContext:
     cert = _setting(config, name, "ssl.certificate.location")
     key = _setting(config, name, "ssl.key.location")
-    if not cert:
+    chain, pem_key = _pem_setting(config, name, "ssl.keystore", "certificate.chain"), \
+        _pem_setting(config, name, "ssl.keystore", "key")
+    if not cert and not (chain and pem_key):
         raise IllegalArgumentError(f"listener {name} uses TLS: ssl.certificate.location "
-                                   f"(and ssl.key.location) must name PEM files")
+                                   f"(and ssl.key.location) must name PEM files, or "
+                                   f"ssl.keystore.certificate.chain and ssl.keystore.key "
+                                   f"give them (ssl.keystore.type=PEM)")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(cert, key, password=_setting(config, name, "ssl.key.password"))
-        ca = _setting(config, name, "ssl.ca.location")
-        if ca:
-            context.load_verify_locations(cafile=ca)
+        if cert:
+            context.load_cert_chain(cert, key,
+                                    password=_setting(config, name, "ssl.key.password"))
+        else:
+            _load_pem_chain(context, chain, pem_key,
+                            _setting(config, name, "ssl.key.password"))
+        _load_trust(context, config, name)
     except (OSError, ssl.SSLError) as exc:
         raise IllegalArgumentError(f"listener {name}: cannot load its TLS files: {exc}"
                                    ) from None
@@ -153,6 +166,39 @@ def _server_context(config: dict, name: str) -> ssl.SSLContext:
                                    f"got {auth!r}")
     context.verify_mode = modes[auth]
     return context
+
+
+def _pem_setting(config: dict, name: str | None, store: str, key: str) -> str | None:
+    """A KIP-651 PEM-text setting (``<store>.<key>``), checking ``<store>.type`` is PEM."""
+    value = _setting(config, name, f"{store}.{key}")
+    if not value:
+        return None
+    kind = str(_setting(config, name, f"{store}.type", "PEM")).upper()
+    if kind != "PEM":
+        raise IllegalArgumentError(f"{store}.{key} needs {store}.type=PEM, got {kind} "
+                                   f"(JKS and PKCS12 stores are not implemented)")
+    return str(value)
+
+
+def _load_pem_chain(context: ssl.SSLContext, chain: str, key: str, password) -> None:
+    """Load a certificate chain and key given as PEM text: Python's ssl reads them from
+    files only, so they go through a private temporary directory (0700), removed at once."""
+    with tempfile.TemporaryDirectory(prefix="raykafka-tls-") as tmp:
+        path = os.path.join(tmp, "keystore.pem")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key.strip() + "\n" + chain.strip() + "\n")
+        context.load_cert_chain(path, password=password)
+
+
+def _load_trust(context: ssl.SSLContext, config: dict, name: str | None) -> None:
+    ca = _setting(config, name, "ssl.ca.location")
+    if ca:
+        context.load_verify_locations(cafile=ca)
+        return
+    pem = _pem_setting(config, name, "ssl.truststore", "certificates")
+    if pem:
+        context.load_verify_locations(cadata=pem)
 
 
 def enabled_mechanisms(config: dict, name: str | None = None) -> tuple[str, ...]:
@@ -217,6 +263,9 @@ def inter_broker_security(config: dict, spec: ListenerSpec) -> ClientSecurity:
         settings["sasl_plain_username"], settings["sasl_plain_password"] = creds
     if spec.protocol.endswith("SSL"):
         settings["ssl_cafile"] = _setting(config, spec.name, "ssl.ca.location")
+        if not settings["ssl_cafile"]:
+            settings["ssl_cadata"] = _pem_setting(config, spec.name, "ssl.truststore",
+                                                  "certificates")
         settings["ssl_check_hostname"] = bool(_setting(
             config, spec.name, "ssl.endpoint.identification.algorithm", "https"))
     return ClientSecurity.from_config(settings)

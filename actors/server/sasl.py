@@ -103,7 +103,10 @@ class _Scram:
             proof_bytes = base64.b64decode(proof, validate=True)
         except ValueError:
             raise _BadExchange("client-final-message: bad base64") from None
-        if channel != self.gs2 or attrs.get("r") != self.nonce:
+        # Kafka's ScramSaslServer accepts a final nonce that *ends with* the server's (not
+        # RFC 5802's equality): librdkafka before 2.x's fix (Debian's kcat, librdkafka
+        # 2.0.2) sends the client nonce twice; the proof still covers what was sent
+        if channel != self.gs2 or not attrs.get("r", "").endswith(self.nonce):
             raise _BadExchange("channel binding or nonce differs from the first message")
         auth_message = ",".join((self.client_first_bare, self.server_first,
                                  without_proof)).encode()

@@ -109,7 +109,7 @@ def cmd_start(args) -> int:
                                     data_dir=args.data_dir, zk=args.zk,
                                     ray_address=args.ray_address,
                                     timeout_s=args.timeout, progress=progress,
-                                    port=args.port)
+                                    port=args.port, secure=args.secure)
     finally:
         if interactive:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
@@ -123,7 +123,28 @@ def cmd_start(args) -> int:
     print(f"  daemon      pid {state['pid']}, log {state['log_file']}")
     from .. import raycompat
     print(f"  state file  {raycompat.state_path(args.namespace)}")
+    if state.get("security"):
+        for line in secure_client_lines(state["security"], state.get("bootstrap_servers")):
+            print(line)
     return 0
+
+
+def secure_client_lines(security: dict, bootstrap: str | None) -> list[str]:
+    """What ``start --secure`` prints: the clients' settings (the password by its file,
+    never its text) and a command to try them."""
+    return [
+        f"  security    {security['protocol']} with {security['mechanism']}, ACLs, "
+        f"ZooKeeper ACLs; files in {security['directory']}",
+        "client settings (librdkafka / confluent-kafka; Python: "
+        "Cluster.connect(ns).client_config()):",
+        f"  bootstrap.servers={bootstrap or '(raykafka status --bootstrap)'}",
+        f"  security.protocol={security['protocol']}",
+        f"  sasl.mechanism={security['mechanism']}",
+        f"  sasl.username={security['user']}",
+        f"  sasl.password=<the contents of {security['password_file']}>",
+        f"  ssl.ca.location={security['ca_file']}",
+        f"try: kcat -F {security['properties_file']} -L",
+    ]
 
 
 def _wait_for_workers(args, progress) -> None:
@@ -198,6 +219,14 @@ def cmd_status(args) -> int:
           f"(epoch {snap.get('controller_epoch', 0)})")
     print(f"kafka       {bootstrap_servers_of(snap) or 'none'}  (bootstrap.servers)")
     print(f"zookeeper   {cluster.zk_hosts}")
+    files = cluster.security_files
+    if files:
+        print(f"security    secure: {files['protocol']} with {files['mechanism']}, ACLs, "
+              f"ZooKeeper ACLs; admin user {files['user']!r}, password in "
+              f"{files['password_file']}, CA {files['ca_file']}, kcat -F "
+              f"{files['properties_file']}")
+    else:
+        print("security    none (PLAINTEXT; `raykafka start --secure` for SASL_SSL)")
     print(f"ray         {state['ray_address']}")
     if state.get("dashboard_url"):
         # Ray's CLI sends the token only when told to (ray 2.60)
@@ -843,6 +872,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=_listener_port, default=None, metavar="P",
                    help="the Kafka listeners' ports: broker i on P+i (default: free ports; "
                         "`raykafka status --bootstrap` prints them)")
+    s.add_argument("--secure", action="store_true",
+                   help="SASL_SSL listeners (SCRAM), ACLs and ZooKeeper ACLs: makes a CA, "
+                        "certificates and an admin user under <data-dir>/security (reused "
+                        "when there) and prints the client settings (docs/security.md)")
     s.add_argument("--timeout", type=_positive_float, default=150.0,
                    help="seconds to wait for the cluster (default 150)")
     s = cmd(sub, "stop", cmd_stop, "stop the cluster `start` left running")

@@ -13,7 +13,12 @@ temp file + rename) is what later commands and ``Cluster.connect(namespace)`` re
 
     {"namespace", "status": "starting" | "ready" | "stopping", "pid", "ray_address",
      "ray_auth_mode", "dashboard_url", "attached_ray", "data_dir", "zk_hosts", "embedded_zk",
-     "zk_data_dir", "brokers", "log_file", "ray_pids", "started_at"}
+     "zk_data_dir", "brokers", "bootstrap_servers", "security", "log_file", "ray_pids",
+     "started_at"}
+
+``security`` is None, or (``--secure``) where the secured cluster's files are
+(``Cluster.security_files``: the CA, the admin password file, admin.properties) and its
+protocol, mechanism and admin user; never a password.
 
 A private Ray (no ``--ray-address``) runs its dashboard on 127.0.0.1 at a free port,
 ``dashboard_url``: the job server that ``ray job submit --address <dashboard_url>`` talks to.
@@ -110,7 +115,7 @@ def default_data_dir(namespace: str) -> str:
 
 def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str | None,
                  ray_address: str | None = None, timeout_s: float = START_TIMEOUT_S,
-                 progress=None, port: int | None = None) -> dict:
+                 progress=None, port: int | None = None, secure: bool = False) -> dict:
     """Spawn the daemon and wait until its state file says "ready"; returns the state.
 
     ``progress(elapsed_s, status)`` is called about every half second while waiting.
@@ -131,6 +136,8 @@ def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str 
         cmd += ["--ray-address", ray_address]
     if port:
         cmd += ["--port", str(port)]
+    if secure:
+        cmd += ["--secure"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -267,18 +274,20 @@ def _ray_pids() -> list[int]:
         return []
 
 
-def listeners_for_port(port: int | None, attached: bool) -> dict:
+def listeners_for_port(port: int | None, attached: bool, secure: bool = False) -> dict:
     """The cluster config ``raykafka start --port P`` stands for: broker i listens on P+i
     (broker.listener_settings), on 127.0.0.1 for the local Ray, on every address of its
     node for a Ray it attached to (Kafka's ``PLAINTEXT://:P``: the node's address is what
-    the broker advertises)."""
+    the broker advertises); SASL_SSL instead of PLAINTEXT with ``--secure``."""
     if not port:
         return {}
-    return {"listeners": f"PLAINTEXT://{'' if attached else '127.0.0.1'}:{port}"}
+    protocol = "SASL_SSL" if secure else "PLAINTEXT"
+    return {"listeners": f"{protocol}://{'' if attached else '127.0.0.1'}:{port}"}
 
 
 def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
-               ray_address: str | None = None, port: int | None = None) -> int:
+               ray_address: str | None = None, port: int | None = None,
+               secure: bool = False) -> int:
     from ..cluster import Cluster
     stop = threading.Event()
     base = {"namespace": namespace, "pid": os.getpid(), "data_dir": data_dir,
@@ -297,8 +306,9 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
             # our own Ray, with the job server `ray job submit` needs (loopback, free port)
             raycompat.init_local(namespace, dashboard=True)
         cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, zk=zk,
-                                namespace=namespace,
-                                config=listeners_for_port(port, ray_address is not None))
+                                namespace=namespace, secure=secure,
+                                config=listeners_for_port(port, ray_address is not None,
+                                                          secure))
     except BaseException as exc:
         print(f"raykafka-daemon: failed to start: {type(exc).__name__}: {exc}", flush=True)
         remove_state(namespace, os.getpid())
@@ -314,6 +324,9 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
     state = {**base, "status": "ready", "ray_address": ray.get_runtime_context().gcs_address,
              "ray_auth_mode": raycompat.auth_mode(), "dashboard_url": raycompat.dashboard_url(),
              "zk_hosts": cluster.zk_hosts, "broker_ids": cluster.broker_ids(),
+             "bootstrap_servers": cluster.client_config()["bootstrap.servers"],
+             # where the secrets are, never the secrets: this file is not private
+             "security": cluster.security_files,
              "ray_pids": [] if ray_address is not None else _ray_pids()}
     write_state(namespace, state)
     print(f"raykafka-daemon: ready: ray {state['ray_address']}, zookeeper {cluster.zk_hosts}",
@@ -341,9 +354,10 @@ def main(argv=None) -> int:
     p.add_argument("--zk", default=None)
     p.add_argument("--ray-address", default=None)
     p.add_argument("--port", type=int, default=None)
+    p.add_argument("--secure", action="store_true")
     a = p.parse_args(argv)
     return run_daemon(a.namespace, a.brokers, os.path.abspath(a.data_dir), a.zk,
-                      a.ray_address, a.port)
+                      a.ray_address, a.port, a.secure)
 
 
 if __name__ == "__main__":
