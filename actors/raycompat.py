@@ -23,6 +23,7 @@ of the moment Ray was imported, so the import order of ``ray`` and ``actors`` do
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -80,7 +81,35 @@ def init_local(namespace: str, *, dashboard: bool = False, **kwargs) -> None:
                       dashboard_port=_free_loopback_port())
     else:
         kwargs["include_dashboard"] = False
-    ray.init(address="local", namespace=namespace, _node_ip_address="127.0.0.1", **kwargs)
+    with _agent_port(_free_loopback_port() if dashboard else None):
+        ray.init(address="local", namespace=namespace, _node_ip_address="127.0.0.1", **kwargs)
+
+
+@contextlib.contextmanager
+def _agent_port(port: int | None):
+    """Within: the Ray that ``ray.init`` starts puts its dashboard agent's HTTP server (the
+    one that runs a ``ray job submit``) on ``port`` instead of Ray's fixed 52365.
+
+    ray.init (Ray 2.60) takes no such argument and always asks for 52365: with any other
+    Ray on the machine holding it (another session's, a killed daemon's agent not yet
+    gone), the agent runs without its HTTP service and the job server never becomes ready
+    (`raykafka start` waited its 60 s for it, then `ray job submit` failed). ``ray start``
+    has ``--dashboard-agent-listen-port``; here the RayParams that ray.init builds get it."""
+    if port is None:
+        yield
+        return
+    from ray._private import parameter
+    original = parameter.RayParams
+
+    def with_agent_port(*args, **kw):
+        kw.setdefault("dashboard_agent_listen_port", port)
+        return original(*args, **kw)
+
+    parameter.RayParams = with_agent_port
+    try:
+        yield
+    finally:
+        parameter.RayParams = original
 
 
 def init_attach(namespace: str) -> None:

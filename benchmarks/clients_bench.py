@@ -13,6 +13,10 @@ records (values of random bytes, no compression):
   of their own, through Ray.
 - ``redis_xadd_records_per_s`` / ``redis_xreadgroup_records_per_s``: Redis Streams from
   redis-py (benchmarks/cluster_bench.py's peer: AOF everysec, pipelines of 1000).
+- ``local_*``: the same confluent-kafka produce, consume and paced e2e against a
+  LocalBroker (one Python process: our listener and handlers over a storage.Log, no Ray,
+  no replica hop): the ceiling this client and a Python broker leave on this machine, with
+  ``confluent_produce_vs_local`` / ``confluent_consume_vs_local`` as ratios.
 - ``confluent_e2e_p50_ms`` / ``_p99_ms``: a confluent-kafka producer (acks=all, linger 0)
   paced at 1,000 records/s into the RF=1 topic, a consumer long-polling every partition
   stamping their arrival (benchmarks/wire_bench.e2e_once); ``confluent_e2e_rf3_*`` the same
@@ -47,7 +51,7 @@ if _ROOT not in sys.path:
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
 from benchmarks.cluster_bench import bench_redis  # noqa: E402
 from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
-from benchmarks.wire_bench import e2e_once, time_ray_calls  # noqa: E402
+from benchmarks.wire_bench import _end, _spawn, e2e_once, time_ray_calls  # noqa: E402
 
 PARTITIONS = 6
 RECORD_SIZE = 100
@@ -122,7 +126,8 @@ def confluent_consume(bootstrap: str, topic: str, records: int) -> dict:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "clients-bench",
                          "enable.auto.commit": False, "fetch.max.bytes": 52_428_800,
                          "max.partition.fetch.bytes": 10_485_760,
-                         "queued.max.messages.kbytes": 1_048_576})
+                         "queued.max.messages.kbytes": 1_048_576,
+                         "queued.min.messages": 10_000_000})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
     got = nbytes = 0
     deadline = time.monotonic() + WAIT_S
@@ -157,6 +162,38 @@ def _confluent(cluster, topic: str, records: int, acks: str, prefix: str) -> dic
             f"{prefix}_consume_records_per_s": consumed["records_per_s"],
             f"{prefix}_consume_MB_per_s": consumed["MB_per_s"],
             f"{prefix}_records": records}
+
+
+# -- the floor: the same client against one Python process serving a storage.Log ----------
+_LOCAL_BROKER = """
+import sys, tempfile
+from actors.server.log_backend import LocalBroker
+broker = LocalBroker(tempfile.mkdtemp(prefix="clients-bench-local-")).start()
+broker.create_topic("local", %d)
+print(broker.server.port, flush=True)
+sys.stdin.read()
+broker.close()
+""" % PARTITIONS
+
+
+def _local(records: int, seconds: float) -> dict:
+    """confluent-kafka's produce, consume and paced e2e against a LocalBroker: one Python
+    process, our listener and handlers over a storage.Log, no Ray, no replica hop, no
+    replication. What this client reaches against the simplest broker of ours on this
+    machine in this run: the ceiling the client and one Python broker leave."""
+    proc, port = _spawn(_LOCAL_BROKER)
+    try:
+        bootstrap = f"127.0.0.1:{port}"
+        produced = confluent_produce(bootstrap, "local", records, "1")
+        consumed = confluent_consume(bootstrap, "local", records)
+        e2e = e2e_once(bootstrap, "local", PARTITIONS, 1000, seconds)
+    finally:
+        _end(proc)
+    say(f"  local broker: produce {produced}, consume {consumed}, e2e {e2e}")
+    return {"local_produce_records_per_s": produced["records_per_s"],
+            "local_consume_records_per_s": consumed["records_per_s"],
+            "local_e2e_p50_ms": e2e["p50_ms"], "local_e2e_p99_ms": e2e["p99_ms"],
+            "local_records": records}
 
 
 # -- raykafka's own clients ---------------------------------------------------------------
@@ -252,6 +289,10 @@ def _top(raw_path: str, n: int) -> tuple[int, str, list[str]]:
 def goals(out: dict) -> None:
     call = out.get("ray_call_p50_ms")
     p50, p99 = out.get("confluent_e2e_p50_ms"), out.get("confluent_e2e_p99_ms")
+    for what in ("produce", "consume"):
+        out[f"confluent_{what}_vs_local"] = ratio(
+            out.get(f"confluent_rf1_{what}_records_per_s"),
+            out.get(f"local_{what}_records_per_s"))
     out["e2e_p50_vs_ray_call"] = ratio(p50, call)
     out["e2e_p99_vs_ray_call"] = ratio(p99, call)
     out["goal_confluent_produce_rf1_met"] = (out.get("confluent_rf1_produce_records_per_s")
@@ -277,6 +318,10 @@ def table(out: dict) -> None:
             ("raykafka SimpleConsumer, RF=1", "raykafka_rf1_consume_records_per_s", ""),
             ("raykafka Producer, RF=3 acks=all", "raykafka_rf3_produce_records_per_s", ""),
             ("raykafka SimpleConsumer, RF=3", "raykafka_rf3_consume_records_per_s", ""),
+            ("confluent-kafka produce, LocalBroker (floor)", "local_produce_records_per_s",
+             ""),
+            ("confluent-kafka consume, LocalBroker (floor)", "local_consume_records_per_s",
+             ""),
             ("redis-py XADD, pipelines of 1000", "redis_xadd_records_per_s", ""),
             ("redis-py XREADGROUP NOACK COUNT 1000", "redis_xreadgroup_records_per_s", "")]
     say(f"\n{'records/s (100-byte records)':<44}{'measured':>14}  goal")
@@ -289,7 +334,9 @@ def table(out: dict) -> None:
         f"{out.get('confluent_e2e_p99_ms')} ms (goal <= {GOAL_E2E_P99_X:g} x = "
         f"{round(GOAL_E2E_P99_X * call, 3) if call else '-'}); RF=3: p50 "
         f"{out.get('confluent_e2e_rf3_p50_ms')} ms, p99 {out.get('confluent_e2e_rf3_p99_ms')}"
-        f" ms; ray call p50 {call} ms, p99 {out.get('ray_call_p99_ms')} ms")
+        f" ms; LocalBroker (floor): p50 {out.get('local_e2e_p50_ms')} ms, p99 "
+        f"{out.get('local_e2e_p99_ms')} ms; ray call p50 {call} ms, p99 "
+        f"{out.get('ray_call_p99_ms')} ms")
     met = {k: v for k, v in out.items() if k.startswith("goal_")}
     say("goals: " + ", ".join(f"{k[5:]}={'met' if v else 'MISSED'}" for k, v in met.items()))
     say(f"load average (1 min) at start {out.get('load_avg_1m')}, at end "
@@ -322,6 +369,7 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="raykafka-clients-bench-")
     try:
         phase(out, "redis", _redis, peer_n, work)
+        phase(out, "local_broker", _local, records, seconds)
         with contextlib.ExitStack() as stack:
             try:
                 cluster, _ = stack.enter_context(bench_cluster("clients-bench", 3))

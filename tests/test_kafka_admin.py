@@ -303,6 +303,12 @@ def test_aiokafka_creates_describes_grows_and_deletes(cluster):
                 [AResource(ConfigResourceType.TOPIC, name)])
             seen["described"] = {c[0]: c[1] for c in described[0].resources[0][4]}
             await admin.create_partitions({name: ANew(2)})
+            # answered once the answering broker's metadata shows it; the Admin may ask
+            # another broker, whose UpdateMetadata can come a moment later (as in Kafka)
+            deadline = time.monotonic() + 30
+            while len(cluster.admin().describe_topic(name)) < 2 and \
+                    time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
             seen["grown"] = len(cluster.admin().describe_topic(name))
             await admin.delete_topics([name])
             return seen
