@@ -56,6 +56,7 @@ from ..protocol import (EpochEndOffset, FetchResult, ProduceResult, ReplicaFetch
 from .epoch_cache import LeaderEpochCache
 from .fetcher import FetcherSettings, RayLeaderLink, ReplicaFetcher
 from .partition_state import LeaderState
+from .gcpause import freeze_startup_heap
 from .upkeep import Upkeep
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,7 @@ class PartitionReplica:
         self.upkeep = Upkeep(self.log, f"{topic}-{partition}")
 
     def ready(self) -> bool:
+        freeze_startup_heap()       # once, when the replica is first asked (gcpause.py)
         return True
 
     def node_id(self) -> str:
