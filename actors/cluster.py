@@ -275,8 +275,7 @@ class Cluster:
         password again), and admin.properties with the brokers' addresses of this start."""
         from .server.secure import write_properties
         security = self._info["security"]
-        self.admin().create_user(security["user"], security["password"],
-                                 mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+        self.admin().create_user(security["user"], security["password"])
         write_properties(security, self._secure_bootstrap())
 
     @classmethod

@@ -58,12 +58,12 @@ from .group_handlers import BrokerGroups, GroupApis
 from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
 from .producer_handlers import ProducerIdApis
+from .gcpause import freeze_startup_heap
 from .listeners import (ListenerSpec, inter_broker_listener, inter_broker_security,
                         jaas_credentials, listener_security, listener_specs)
 from .network import SocketServer, SocketServerConfig
 from .replica import read_partition_topic_id
 from .sasl import SaslAuthenticator
-from .gcpause import freeze_startup_heap
 from .replica_manager import RayReplicaActors, ReplicaManager, topic_log_defaults  # noqa: F401
 
 log = logging.getLogger(__name__)

@@ -55,8 +55,8 @@ from ..protocol import (EpochEndOffset, FetchResult, ProduceResult, ReplicaFetch
                         ReplicaRole, broker_actor_name, unwrap)
 from .epoch_cache import LeaderEpochCache
 from .fetcher import FetcherSettings, RayLeaderLink, ReplicaFetcher
-from .partition_state import LeaderState
 from .gcpause import freeze_startup_heap
+from .partition_state import LeaderState
 from .upkeep import Upkeep
 
 log = logging.getLogger(__name__)
