@@ -33,7 +33,9 @@ def _confluent(conf: dict, topic: str, n: int) -> float:
     from confluent_kafka import Producer
     producer = Producer({**conf, "acks": "all", "linger.ms": 5,
                          "enable.idempotence": False})
-    producer.list_topics(topic, timeout=30)          # connected (and authenticated) first
+    for partition in range(PARTITIONS):    # every leader connected (and authenticated) first
+        producer.produce(topic, VALUE, partition=partition)
+    assert producer.flush(60) == 0, "warm-up records left unsent after 60 s"
     started = time.perf_counter()
     for i in range(n):
         while True:
@@ -49,7 +51,8 @@ def _confluent(conf: dict, topic: str, n: int) -> float:
 def _raykafka(cluster, settings: dict, topic: str, n: int) -> float:
     producer = cluster.producer(acks="all", linger_ms=5, **settings)
     try:
-        producer.send(topic, VALUE, partition=0).get(60)      # connected first
+        for partition in range(PARTITIONS):    # every leader connected first
+            producer.send(topic, VALUE, partition=partition).get(60)
         started = time.perf_counter()
         futures = [producer.send(topic, VALUE, partition=i % PARTITIONS) for i in range(n)]
         producer.flush(120)
@@ -62,8 +65,8 @@ def _raykafka(cluster, settings: dict, topic: str, n: int) -> float:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=200_000, help="per confluent run")
-    parser.add_argument("--raykafka-records", type=int, default=50_000)
+    parser.add_argument("--records", type=int, default=1_000_000, help="per confluent run")
+    parser.add_argument("--raykafka-records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rf", type=int, default=1)
     args = parser.parse_args(argv)
