@@ -32,10 +32,16 @@ any allocation), a header that cannot be read, an ``InvalidRequestError`` from t
 handler is logged and closes that connection only; the server goes on.
 
 Security (``ListenerSecurity``, Kafka's security protocols): on an SSL or SASL_SSL
-listener each accepted socket is wrapped in TLS and its handshake runs on the network
-thread without blocking (SSLWantRead/SSLWantWrite wait for the selector); a handshake that
-fails closes the connection. TLS keeps decrypted bytes the selector cannot see, so a
-connection with such bytes left is served again without waiting. On a SASL_PLAINTEXT or
+listener each accepted connection gets a TLS object on memory buffers (``_Tls``: an
+``ssl.SSLObject``), and the network thread moves the ciphertext itself: one ``recv`` of up
+to ``_TLS_READ`` bytes feeds many TLS records, which are decrypted straight into the
+request's buffer, and a response is encrypted in ``_TLS_CHUNK`` pieces, each sent with one
+``send`` (an ``ssl.SSLSocket`` reads every record with two system calls and writes each
+with one: librdkafka sends many small records, and those calls were most of a TLS
+listener's extra CPU). The handshake runs on the network thread without blocking; a
+handshake that fails closes the connection after its alert is sent. Bytes already taken
+from the socket are invisible to the selector, so a connection with such bytes left is
+served again without waiting. On a SASL_PLAINTEXT or
 SASL_SSL listener a connection starts unauthenticated: it may send ApiVersions,
 SaslHandshake and SaslAuthenticate only (the last two go to its own authenticator, whose
 ``AuthStep`` says when it is done and who it is); any other request closes it, as Kafka
@@ -72,7 +78,8 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 _IOV_MAX = 512                      # buffers per sendmsg call (Linux allows 1024)
-_TLS_CHUNK = 256 * 1024             # bytes per SSL write (SSLSocket has no sendmsg)
+_TLS_CHUNK = 256 * 1024             # plaintext bytes encrypted (and sent) at a time
+_TLS_READ = 256 * 1024              # ciphertext bytes taken from a socket at a time
 ANONYMOUS = "User:ANONYMOUS"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 #: What an unauthenticated connection may send on a SASL listener.
@@ -204,11 +211,34 @@ class _Slot:
         self.size = size                # the request's buffer, released when answered
 
 
+class _Tls:
+    """A connection's TLS state on memory buffers: ``obj`` (an ``ssl.SSLObject``) reads
+    ciphertext from ``incoming`` and writes to ``outgoing``; ``raw`` is ciphertext taken
+    from ``outgoing`` and not yet accepted by the socket."""
+
+    __slots__ = ("obj", "incoming", "outgoing", "raw")
+
+    def __init__(self, context: ssl.SSLContext):
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+        self.raw: memoryview | None = None
+
+    def take_output(self) -> None:
+        """Move what the TLS object wrote (records, alerts, tickets) behind ``raw``."""
+        if self.outgoing.pending:
+            data = self.outgoing.read()
+            self.raw = memoryview(data if self.raw is None else bytes(self.raw) + data)
+
+    def buffered(self) -> bool:
+        """Are there bytes already out of the socket (decrypted or not)?"""
+        return bool(self.obj.pending() or self.incoming.pending)
+
+
 class _Connection:
     __slots__ = ("sock", "peer", "size_buf", "size_got", "body", "body_got", "inbox",
                  "slots", "busy", "out", "last_active", "closed", "want_write", "muted",
                  "registered", "waiting_size", "handshaking", "handshake_events",
-                 "authenticator", "principal", "closing", "tls_chunk")
+                 "authenticator", "principal", "closing", "tls")
 
     def __init__(self, sock: socket.socket, peer, now: float):
         self.sock = sock
@@ -232,7 +262,7 @@ class _Connection:
         self.authenticator = None       # SASL state until authenticated (None: done/none)
         self.principal = ANONYMOUS
         self.closing: str | None = None  # why: close once the output is written
-        self.tls_chunk: bytes | None = None   # an SSL write to retry as it was
+        self.tls: _Tls | None = None    # TLS state (SSL and SASL_SSL listeners)
 
     def pending(self) -> int:
         return len(self.slots)
@@ -267,7 +297,8 @@ class SocketServer:
         self._next_idle_check = 0.0
         self._delayed: list = []        # heap: (due, seq, conn, slot, parts) failed answers
         self._delay_seq = 0
-        self._tls_pending: set = set()  # connections with decrypted bytes left to read
+        self._tls_pending: set = set()  # connections with bytes out of the socket to read
+        self._tls_scratch = bytearray(_TLS_READ) if self.security.tls else None
         self.port: int | None = None
         self.host = self.config.host
 
@@ -398,16 +429,17 @@ class SocketServer:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tls = None
             if self.security.tls:
                 try:
-                    sock = self.security.ssl_context.wrap_socket(
-                        sock, server_side=True, do_handshake_on_connect=False)
-                except (OSError, ValueError) as exc:
+                    tls = _Tls(self.security.ssl_context)
+                except (ssl.SSLError, ValueError) as exc:
                     log.info("TLS set-up for %s failed: %s", peer, exc)
                     sock.close()
                     continue
             conn = _Connection(sock, peer, self._clock())
-            conn.handshaking = self.security.tls
+            conn.tls = tls
+            conn.handshaking = tls is not None
             if self.security.sasl:
                 conn.authenticator = self.security.authenticator()
             self._connections[sock] = conn
@@ -416,28 +448,62 @@ class SocketServer:
 
     # -- TLS ------------------------------------------------------------------------------
     def _handshake(self, conn: _Connection) -> None:
-        """One step of the TLS handshake, never blocking: on SSLWantRead/Write the
-        selector waits for that event; done, the connection is served as any other."""
-        try:
-            conn.sock.do_handshake()
-        except ssl.SSLWantReadError:
-            self._handshake_wait(conn, selectors.EVENT_READ)
-            return
-        except ssl.SSLWantWriteError:
-            self._handshake_wait(conn, selectors.EVENT_WRITE)
-            return
-        except (ssl.SSLError, OSError, ValueError) as exc:
-            self._stats["tls_failed"] += 1
-            self._close(conn, f"TLS handshake failed: {exc}")
-            return
+        """The TLS handshake as far as the socket allows, never blocking: when it needs
+        the peer's bytes (or the socket's room for its own) the selector waits for that;
+        done, the connection is served as any other."""
+        tls = conn.tls
+        while True:
+            try:
+                if not self._send_raw(conn):
+                    self._handshake_wait(conn, selectors.EVENT_WRITE)
+                    return
+            except OSError as exc:
+                self._stats["tls_failed"] += 1
+                self._close(conn, f"TLS handshake failed: {exc}")
+                return
+            try:
+                tls.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pass
+            except (ssl.SSLError, ValueError) as exc:
+                self._stats["tls_failed"] += 1
+                tls.take_output()           # the alert that tells the client why
+                if tls.raw is not None:
+                    try:
+                        conn.sock.send(tls.raw)
+                    except OSError:
+                        pass
+                self._close(conn, f"TLS handshake failed: {exc}")
+                return
+            tls.take_output()
+            if tls.raw is not None:
+                continue                    # our flight first, then the peer's answer
+            try:
+                n = conn.sock.recv_into(self._tls_scratch)
+            except (BlockingIOError, InterruptedError):
+                self._handshake_wait(conn, selectors.EVENT_READ)
+                return
+            except OSError as exc:
+                self._stats["tls_failed"] += 1
+                self._close(conn, f"TLS handshake failed: {exc}")
+                return
+            if n == 0:
+                self._stats["tls_failed"] += 1
+                self._close(conn, "closed by the peer during the TLS handshake")
+                return
+            tls.incoming.write(memoryview(self._tls_scratch)[:n])
+        tls.take_output()                   # e.g. TLS 1.3 session tickets: sent by _write
         conn.handshaking = False
         conn.last_active = self._clock()
         self._stats["tls_handshakes"] += 1
-        cert = conn.sock.getpeercert()
+        cert = tls.obj.getpeercert()
         if cert:            # a verified client certificate: Kafka's principal is its DN
             conn.principal = "User:" + ",".join(
                 f"{_DN_NAMES.get(k, k)}={v}" for rdn in reversed(cert.get("subject", ()))
                 for k, v in rdn)
+        if tls.raw is not None:
+            self._write(conn)
         self._update_interest(conn)
 
     def _handshake_wait(self, conn: _Connection, events: int) -> None:
@@ -455,9 +521,53 @@ class SocketServer:
                 self._serve(conn, selectors.EVENT_READ)
 
     def _note_tls_pending(self, conn: _Connection) -> None:
-        if self.security.tls and not conn.closed and not conn.handshaking and \
-                self._reading(conn) and conn.sock.pending():
+        if conn.tls is not None and not conn.closed and not conn.handshaking and \
+                self._reading(conn) and conn.tls.buffered():
             self._tls_pending.add(conn)
+
+    def _tls_recv_into(self, conn: _Connection, view: memoryview) -> int:
+        """Decrypted bytes into ``view``, as many TLS records as it takes to fill it or
+        as are here, taking ciphertext from the socket when none are left (0: the peer
+        closed; BlockingIOError: nothing to read now). A record is decrypted by one call:
+        filling the view here saves the read loop's round per (librdkafka's often tiny)
+        record."""
+        tls = conn.tls
+        obj = tls.obj
+        size = len(view)
+        got = 0
+        while True:
+            try:
+                while got < size:
+                    n = obj.read(size - got, view[got:] if got else view)
+                    if not n:                   # the peer's close_notify
+                        return got
+                    got += n
+                return got
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLZeroReturnError:      # the peer's close_notify
+                return got
+            finally:
+                if tls.outgoing.pending:        # e.g. the answer to a TLS 1.3 key update
+                    tls.take_output()
+                    self._write(conn)
+            if got:
+                return got
+            n = conn.sock.recv_into(self._tls_scratch)
+            if n == 0:
+                return 0
+            tls.incoming.write(memoryview(self._tls_scratch)[:n])
+
+    def _send_raw(self, conn: _Connection) -> bool:
+        """Send the connection's pending ciphertext; True when none is left."""
+        tls = conn.tls
+        while tls.raw is not None:
+            try:
+                sent = conn.sock.send(tls.raw)
+            except (BlockingIOError, InterruptedError):
+                return False
+            tls.raw = tls.raw[sent:] if sent < len(tls.raw) else None
+        return True
 
     def _close(self, conn: _Connection, why: str) -> None:
         if conn.closed:
@@ -517,9 +627,9 @@ class SocketServer:
             else:
                 view = memoryview(conn.body)[conn.body_got:]
             try:
-                n = conn.sock.recv_into(view)
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError,
-                    ssl.SSLWantWriteError):
+                n = conn.sock.recv_into(view) if conn.tls is None else \
+                    self._tls_recv_into(conn, view)
+            except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._close(conn, f"read failed: {exc}")
@@ -745,30 +855,31 @@ class SocketServer:
             self._write(conn)
 
     def _write(self, conn: _Connection) -> None:
-        tls = self.security.tls
-        while conn.out and not conn.closed:
+        tls = conn.tls
+        while (conn.out or tls is not None and tls.raw is not None) and not conn.closed:
             try:
-                if tls:     # SSLSocket has no sendmsg; a retried write passes its bytes again
-                    chunk = conn.tls_chunk or _head_bytes(conn.out, _TLS_CHUNK)
-                    conn.tls_chunk = chunk
-                    sent = conn.sock.send(chunk)
-                    conn.tls_chunk = None
-                else:
+                if tls is None:
                     sent = conn.sock.sendmsg(conn.out[:_IOV_MAX])
-            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError,
-                    ssl.SSLWantReadError):
+                    _consume(conn.out, sent)
+                elif not self._send_raw(conn):
+                    break
+                elif conn.out:      # the next piece, encrypted whole (records of 16 KB)
+                    chunk = _head_bytes(conn.out, _TLS_CHUNK)
+                    tls.obj.write(chunk)
+                    _consume(conn.out, len(chunk))
+                    tls.take_output()
+            except (BlockingIOError, InterruptedError):
                 break
-            except OSError as exc:
+            except (OSError, ValueError) as exc:      # ssl.SSLError is an OSError
                 self._close(conn, f"write failed: {exc}")
                 return
             conn.last_active = self._clock()
-            _consume(conn.out, sent)
         if conn.closed:
             return
-        if conn.closing is not None and not conn.out and not conn.slots:
+        want = bool(conn.out) or tls is not None and tls.raw is not None
+        if conn.closing is not None and not want and not conn.slots:
             self._close(conn, conn.closing)
             return
-        want = bool(conn.out)
         if want != conn.want_write:
             conn.want_write = want
             self._update_interest(conn)
