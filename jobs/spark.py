@@ -223,6 +223,10 @@ def session_configs(total_cores: int = 1, configs: dict | None = None) -> dict:
             "spark.driver.host": host,
             "spark.driver.bindAddress": host}
     conf = {**conf, **user}
+    jar = jvm_reader_jar()
+    if jar is not None:                 # the JVM reader of read_topic_df, on every JVM
+        conf["spark.jars"] = ",".join(filter(None, [user.get("spark.jars", "").strip(),
+                                                   str(jar)]))
     for key in JAVA_OPTION_KEYS:
         conf[key] = " ".join(filter(None, [JAVA_OPTIONS, user.get(key, "").strip()]))
     return conf
@@ -369,6 +373,9 @@ SPARK_NO_TIMESTAMP_TYPE = -1
 DEFAULT_SPARK_RECORDS_PER_PARTITION = 4_000_000
 #: ``read_topic_df``'s options (the rest of ``read_topic``'s are Ray task resources: the
 #: reads run in Spark's executors here)
+#: The JVM reader (``jobs/jvm``): its DataSource V2 class and jar file name.
+JVM_SOURCE_CLASS = "raykafka.spark.TopicSource"
+JVM_JAR_NAME = "raykafka-spark.jar"
 READ_OPTIONS = ("partitions", "max_records_per_task", "fetch_max_bytes", "consumer_config",
                 "timeout_ms")
 
@@ -425,12 +432,84 @@ def read_topic_df(spark, cluster, topic_or_topics, starting_offsets="earliest",
     pieces = [r for r in split_ranges(ranges, options["max_records_per_task"]) if r[3] > r[2]]
     if not pieces:
         return spark.createDataFrame([], SPARK_SCHEMA)
+    jvm = _jvm_read_options(spark, cluster, pieces, options)
+    if jvm is not None:
+        return spark.read.format(JVM_SOURCE_CLASS).options(**jvm).load()
     reader = RangeReader(cluster.namespace, _ray_address(), pieces,
                          consumer_config=options["consumer_config"],
                          fetch_max_bytes=options["fetch_max_bytes"],
                          timeout_ms=options["timeout_ms"])
     return spark.range(0, len(pieces), 1, numPartitions=len(pieces)) \
         .mapInArrow(reader, SPARK_SCHEMA)
+
+
+#: ``read_topic_df``'s reader: "auto" (the JVM reader when it can, else Python workers),
+#: "jvm" (the JVM reader or IllegalStateError), "python" (Spark's Python workers).
+READER_ENV = "RAYKAFKA_SPARK_READER"
+READERS = ("auto", "jvm", "python")
+
+
+def jvm_reader_jar():
+    """The jar of the JVM reader (``jobs/jvm``, built on first use and cached), or None
+    without a JDK or with ``RAYKAFKA_SPARK_READER=python``."""
+    if os.environ.get(READER_ENV, "auto") == "python":
+        return None
+    from jobs.jvm.build import jar_path
+    return jar_path()
+
+
+def _reader_choice() -> str:
+    choice = os.environ.get(READER_ENV, "auto").strip().lower() or "auto"
+    if choice not in READERS:
+        raise InvalidConfigurationError(f"{READER_ENV} must be one of {list(READERS)}, got "
+                                        f"{choice!r}")
+    return choice
+
+
+def _jvm_read_options(spark, cluster, pieces, options) -> dict | None:
+    """The options of the JVM reader (``jobs/jvm``: ``raykafka.spark.TopicSource``) for
+    ``pieces``, or None when Spark's Python workers read instead: ``RAYKAFKA_SPARK_READER``
+    says python, the session was started without the reader's jar (no JDK), the cluster
+    or ``consumer_config`` asks for SASL/SSL, or a leader has no PLAINTEXT listener. (With
+    ``RAYKAFKA_SPARK_READER=jvm`` those raise IllegalStateError instead.)"""
+    choice = _reader_choice()
+    if choice == "python":
+        return None
+
+    def cannot(reason: str):
+        if choice == "jvm":
+            raise IllegalStateError(f"{READER_ENV}=jvm but the JVM reader cannot read this: "
+                                    f"{reason}")
+        log.debug("read_topic_df through Python workers: %s", reason)
+        return None
+
+    jars = spark.sparkContext.getConf().get("spark.jars", "")
+    if JVM_JAR_NAME not in jars:
+        return cannot("the Spark session was started without the reader's jar (no javac?)")
+    protocol = str(options["consumer_config"].get("security_protocol", "PLAINTEXT")).upper()
+    if protocol != "PLAINTEXT" or (cluster.security_files is not None
+                                   and "security_protocol" not in options["consumer_config"]):
+        return cannot("the cluster's clients use SASL/SSL")
+    from actors.errors import KafkaError
+    metadata = cluster.metadata
+    try:
+        lines = []
+        for topic, partition, start, end in pieces:
+            broker, _ = metadata.leader_broker(topic, partition)
+            host, port = metadata.broker_address(broker, "PLAINTEXT")
+            lines.append(f"{topic}\t{partition}\t{start}\t{end}\t{host}\t{port}")
+        bootstrap = []
+        for broker in sorted(int(b) for b in metadata.snapshot().get("brokers") or {}):
+            with contextlib.suppress(KafkaError):
+                bootstrap.append("%s:%d" % metadata.broker_address(broker, "PLAINTEXT"))
+    except KafkaError as exc:
+        return cannot(f"no PLAINTEXT leader address ({exc})")
+    out = {"pieces": "\n".join(lines), "bootstrap": ",".join(bootstrap),
+           "fetch_max_bytes": str(options["fetch_max_bytes"]),
+           "client_id": str(options["consumer_config"].get("client_id", "raykafka-spark"))}
+    if options["timeout_ms"] is not None:
+        out["timeout_ms"] = str(options["timeout_ms"])
+    return out
 
 
 class RangeReader:
