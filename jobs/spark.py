@@ -26,16 +26,22 @@ Java actors), with the driver JVM in this process. It passes what RayDP 1.6.5 ne
 - small defaults for one machine (``DEFAULT_CONFIGS``); ``configs`` overrides any of them.
 
 ``read_topic_df`` resolves the offset ranges on the driver and reads them inside Spark's
-executors, as Spark's own Kafka source does: one Spark partition per range, whose Python
-worker (attached to Ray once, ``attach_workers``) fetches the range through the partition
-leader's replica actor handle (``jobs.data.iter_range``) and yields Arrow record batches of
-Spark's Kafka source columns (``mapInArrow``), fetch by fetch; nothing goes through Ray's
-object store. ``dataset_to_df`` still turns a Ray Dataset into a DataFrame (RayDP's Ray ->
+executors, as Spark's own Kafka source does, one Spark partition per range. Its reader is
+the JVM one (``jobs/jvm``: a Java DataSource V2, ``raykafka.spark.TopicSource``, whose jar
+``spark_session`` adds to the session) whenever the leaders have PLAINTEXT listeners: each
+task fetches its range from the leader's Kafka listener and hands Spark columnar batches
+of only the columns the query uses (a ``count()`` reads batch headers only). Otherwise
+(a secured cluster, no JDK, ``RAYKAFKA_SPARK_READER=python``) a ``mapInArrow`` whose
+Python workers (attached to Ray once, ``attach_workers``) fetch the range with a
+``SimpleConsumer`` (``jobs.data.iter_range``) and yield Arrow record batches of every
+column. Nothing goes through Ray's object store either way.
+``dataset_to_df`` still turns a Ray Dataset into a DataFrame (RayDP's Ray ->
 Spark bridge, through Arrow IPC objects this driver holds until ``release_df``).
 ``write_topic_df`` is RayDP's Spark -> Ray bridge (``ray.data.from_spark``) and
 ``jobs.data.write_topic``.
 
-Only the public API is imported (``actors``, ``actors.errors``, ``jobs.data``).
+Only the public API is imported (``actors``, ``actors.errors``, ``jobs.data``; and
+``jobs.jvm.build``, which builds the JVM reader's jar).
 """
 
 from __future__ import annotations
@@ -376,6 +382,10 @@ DEFAULT_SPARK_RECORDS_PER_PARTITION = 4_000_000
 #: The JVM reader (``jobs/jvm``): its DataSource V2 class and jar file name.
 JVM_SOURCE_CLASS = "raykafka.spark.TopicSource"
 JVM_JAR_NAME = "raykafka-spark.jar"
+#: The JVM reader's Spark tasks: as many as the executors have cores, each reading its
+#: ranges at once (a fetch thread and connection per range, up to 2 fetches of
+#: ``fetch_max_bytes`` held each), at most this many ranges per task.
+JVM_MAX_RANGES_PER_TASK = 8
 READ_OPTIONS = ("partitions", "max_records_per_task", "fetch_max_bytes", "consumer_config",
                 "timeout_ms")
 
@@ -400,13 +410,14 @@ def read_topic_df(spark, cluster, topic_or_topics, starting_offsets="earliest",
     Offsets are resolved when this is called: the DataFrame is a fixed snapshot of
     committed records (below each partition's high watermark). The records are read when
     Spark computes the DataFrame, inside its executors, as Spark's own Kafka source does:
-    one Spark partition per offset range (``jobs.data.split_ranges``), whose task's Python
-    worker fetches the range from the partition leader through its replica actor handle
-    (``jobs.data.iter_range``) and hands Spark Arrow record batches of its columns
-    (``mapInArrow``), fetch by fetch, so Spark works on the first records while later
-    ones are fetched. Nothing goes through Ray's object store and nothing is held after
-    the action: each action reads the ranges again (``df.cache()`` to keep them).
-    A worker attaches to Ray the first time it reads (``spark_session`` does it ahead).
+    one Spark partition per offset range (``jobs.data.split_ranges``), fetch by fetch, so
+    Spark works on the first records while later ones are fetched. The reader is the JVM
+    one (``jobs/jvm``: Fetch requests to the leader's PLAINTEXT listener, columnar batches
+    of only the columns the query uses) when ``_jvm_read_options`` says it can, else
+    Spark's Python workers (``RangeReader`` in a ``mapInArrow``: every column).
+    ``RAYKAFKA_SPARK_READER`` (``READERS``) forces one. Nothing goes through Ray's object
+    store and nothing is held after the action: each action reads the ranges again
+    (``df.cache()`` to keep them).
 
     Raises what ``read_topic`` raises (UnknownTopicOrPartitionError, IllegalArgumentError,
     OffsetOutOfRangeError, InvalidConfigurationError), on the driver, and
@@ -504,7 +515,12 @@ def _jvm_read_options(spark, cluster, pieces, options) -> dict | None:
                 bootstrap.append("%s:%d" % metadata.broker_address(broker, "PLAINTEXT"))
     except KafkaError as exc:
         return cannot(f"no PLAINTEXT leader address ({exc})")
+    conf = spark.sparkContext.getConf()
+    cores = int(conf.get("spark.executor.instances", "1")) * \
+        int(conf.get("spark.executor.cores", "1"))
+    per_task = min(JVM_MAX_RANGES_PER_TASK, -(-len(lines) // max(1, cores)))
     out = {"pieces": "\n".join(lines), "bootstrap": ",".join(bootstrap),
+           "ranges_per_task": str(per_task),
            "fetch_max_bytes": str(options["fetch_max_bytes"]),
            "client_id": str(options["consumer_config"].get("client_id", "raykafka-spark"))}
     if options["timeout_ms"] is not None:

@@ -28,9 +28,9 @@ from actors.errors import (ClusterNotFoundError, IllegalArgumentError, IllegalSt
 from cluster_helpers import ray, stop_ray, unique_namespace, wait_until
 from jobs.data import read_topic, write_topic
 from jobs.examples import word_count
-from jobs.spark import (JAVA_OPTIONS, READER_ENV, SPARK_SCHEMA, _jvm_read_options,
-                        active_session, dataset_to_df, held_dfs, read_topic_df, spark_session,
-                        stop_spark, write_topic_df)
+from jobs.spark import (JAVA_OPTIONS, JVM_SOURCE_CLASS, READER_ENV, SPARK_SCHEMA,
+                        _jvm_read_options, active_session, dataset_to_df, held_dfs,
+                        read_topic_df, spark_session, stop_spark, write_topic_df)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = {"zookeeper.session.timeout.ms": 20000}
@@ -404,6 +404,19 @@ def test_count_groupby_and_sum_decode_only_the_columns_they_use(spark, cluster):
     assert lengths.collect()[0]["n"] == sum(len(plain_record(p, i)["value"])
                                             for p in range(PARTS) for i in range(3, 33))
 
+
+def test_the_jvm_reader_finds_a_moved_leader_through_metadata(spark, cluster):
+    """A range handed to the JVM reader with another broker's address (as after its leader
+    moved) is refused there; the reader asks the bootstrap brokers' Metadata for the leader
+    and reads the whole range from it."""
+    options = _jvm_read_options(spark, cluster, [("plain", 0, 0, PER_PART)], {
+        "consumer_config": {}, "fetch_max_bytes": 1 << 20, "timeout_ms": None})
+    leader, _ = cluster.metadata.leader_broker("plain", 0)
+    other = next(b for b in cluster.broker_ids() if b != leader)
+    host, port = cluster.metadata.broker_address(other)
+    options["pieces"] = f"plain\t0\t0\t{PER_PART}\t{host}\t{port}"
+    df = spark.read.format(JVM_SOURCE_CLASS).options(**options).load()
+    assert rows(df) == [plain_record(0, i) for i in range(PER_PART)]
 
 def test_python_workers_read_when_the_jvm_reader_cannot(spark, cluster):
     """The Python workers' path is taken when RAYKAFKA_SPARK_READER=python, for a secured

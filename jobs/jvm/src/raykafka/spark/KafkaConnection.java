@@ -126,11 +126,16 @@ final class KafkaConnection implements AutoCloseable {
     out.flush();
   }
 
-  /** The next response frame (after the correlation id) in buf; its length. */
-  private int readFrame() throws IOException {
+  /** The next response frame (after the correlation id) in buf, a new array when
+   *  {@code fresh} (the caller keeps it); its length. */
+  private int readFrame(boolean fresh) throws IOException {
     int size = readInt4();
     if (size < 4) throw new IOException(address + ": a response frame of " + size + " bytes");
-    if (buf.length < size) buf = new byte[Math.max(size, buf.length * 2)];
+    if (fresh) {
+      buf = new byte[size];
+    } else if (buf.length < size) {
+      buf = new byte[Math.max(size, buf.length * 2)];
+    }
     readFully(buf, 0, size);
     int id = PieceReader.getInt(buf, 0);
     Integer expected = pending.pollFirst();
@@ -141,8 +146,9 @@ final class KafkaConnection implements AutoCloseable {
     return size;
   }
 
+  private final byte[] four = new byte[4];
+
   private int readInt4() throws IOException {
-    byte[] four = new byte[4];
     readFully(four, 0, 4);
     return PieceReader.getInt(four, 0);
   }
@@ -156,9 +162,10 @@ final class KafkaConnection implements AutoCloseable {
     }
   }
 
-  /** The answer to the oldest Fetch sent, for topic-partition (its only partition). */
-  FetchAnswer readFetch(String topic, int partition) throws IOException {
-    int size = readFrame();
+  /** The answer to the oldest Fetch sent, for topic-partition (its only partition), in an
+   *  array of its own when {@code fresh}. */
+  FetchAnswer readFetch(String topic, int partition, boolean fresh) throws IOException {
+    int size = readFrame(fresh);
     Cursor c = new Cursor(buf, 4, size);
     c.skip(4);                                         // throttle_time_ms
     int topics = c.i32();
@@ -193,7 +200,7 @@ final class KafkaConnection implements AutoCloseable {
     out.writeShort(name.length);
     out.write(name);
     out.flush();
-    int size = readFrame();
+    int size = readFrame(false);
     Cursor c = new Cursor(buf, 4, size);
     int brokers = c.i32();
     java.util.Map<Integer, String> addresses = new java.util.HashMap<>();

@@ -3,8 +3,9 @@ package raykafka.spark;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.InputStream;
-import java.nio.charset.StandardCharsets;
-import java.util.zip.CRC32C;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.concurrent.LinkedBlockingQueue;
 import java.util.zip.GZIPInputStream;
 
 import org.apache.spark.sql.connector.read.PartitionReader;
@@ -19,63 +20,54 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
 import org.apache.spark.unsafe.types.UTF8String;
 
 /**
- * Reads one piece (topic-partition [start, end)) as columnar batches, one per fetch.
- * Only the columns of {@code required} are decoded: with none (a count()), a batch wholly
- * inside the range counts by its header's record count; only a batch straddling the
- * range's start or end has its records walked (offset deltas) to clip it.
+ * Reads the pieces (topic-partition [start, end) ranges) of one Spark partition as
+ * columnar batches, one per Fetch response: each piece is fetched by a {@link RangeFetcher}
+ * thread of its own (its own connection to its leader, up to {@code DEPTH} responses
+ * ahead), all at once, and this thread decodes whichever response is ready first, so the
+ * leaders serve several pieces at a time while one is decoded. A batch holds one piece's
+ * records (topic and partition are constants per batch), in offset order per piece.
  *
- * The next Fetch is sent as soon as a response's batch headers say where it ends, before
- * its records are decoded: the broker reads the next fetch while this one decodes.
- * A failed connection or a retriable error (a moved leader, a timeout) reconnects, to the
- * leader a Metadata request names when bootstrap addresses were given, and goes on from
- * the first offset not yet handed to Spark, at most RETRIES times in a row.
+ * Only the columns of {@code required} are decoded: with none (a count()), a batch wholly
+ * inside its range counts by its header's record count; only a batch straddling the
+ * range's start or end has its records walked (offset deltas) to clip it.
  */
 final class PieceReader implements PartitionReader<ColumnarBatch> {
-  static final int RETRIES = 10;
   static final int HEADER_SIZE = 61;
-  static final int MAX_EMPTY_FETCHES = 200;
+  /** Responses a fetcher may hold undecoded. */
+  static final int DEPTH = 2;
 
-  private final TopicSource.Piece piece;
-  private final int fetchMaxBytesInitial;
-  private int fetchMaxBytes;
+  private final TopicSource.Piece[] pieces;
+  private final int fetchMaxBytes;
   private final long timeoutMs;
-  private final long startedMs = System.currentTimeMillis();
   private final String[] bootstrap;
   private final String clientId;
-  private final CRC32C crc = new CRC32C();
 
   // the columns asked for (null when not)
   private WritableColumnVector keyV, valueV, offsetV, tsV, tsTypeV, headersV, hStructV, hKeyV,
       hValueV;
+  private ConstantColumnVector topicV, partitionV;
   private final WritableColumnVector[] writable;
   private final boolean decodeRecords;
   private final ColumnarBatch batch;
 
-  private KafkaConnection conn;
-  private String host;
-  private int port;
-  private long pos;                // first offset not yet handed to Spark
-  private long inflight = -1;      // fetch offset of the request sent and not yet read
-  private boolean done;
-  private int failures;
-  private int empties;
+  private final LinkedBlockingQueue<Object> ready = new LinkedBlockingQueue<>();
+  private RangeFetcher[] fetchers;
+  private int running;
+  private RangeFetcher.Chunk decoded;     // its permit is given back at the next call
+  private final Map<String, UTF8String> topics = new HashMap<>();
   private int rows;
   // the record cursor (records of the batch being decoded)
   private byte[] rb;
   private int rp;
+  private TopicSource.Piece piece;
 
-  PieceReader(TopicSource.Piece piece, StructType required, int fetchMaxBytes, long timeoutMs,
-              String bootstrap, String clientId) {
-    this.piece = piece;
-    this.fetchMaxBytesInitial = fetchMaxBytes;
+  PieceReader(TopicSource.Piece[] pieces, StructType required, int fetchMaxBytes,
+              long timeoutMs, String bootstrap, String clientId) {
+    this.pieces = pieces;
     this.fetchMaxBytes = fetchMaxBytes;
     this.timeoutMs = timeoutMs;
     this.bootstrap = bootstrap.isEmpty() ? new String[0] : bootstrap.split(",");
     this.clientId = clientId;
-    this.host = piece.host;
-    this.port = piece.port;
-    this.pos = piece.start;
-    this.done = piece.start >= piece.end;
     StructField[] fields = required.fields();
     ColumnVector[] columns = new ColumnVector[fields.length];
     WritableColumnVector[] w = new WritableColumnVector[fields.length];
@@ -85,15 +77,13 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
       String name = fields[i].name();
       DataType type = fields[i].dataType();
       if (name.equals("topic")) {
-        ConstantColumnVector c = new ConstantColumnVector(Integer.MAX_VALUE, type);
-        c.setUtf8String(UTF8String.fromString(piece.topic));
-        columns[i] = c;
+        topicV = new ConstantColumnVector(Integer.MAX_VALUE, type);
+        columns[i] = topicV;
         continue;
       }
       if (name.equals("partition")) {
-        ConstantColumnVector c = new ConstantColumnVector(Integer.MAX_VALUE, type);
-        c.setInt(piece.partition);
-        columns[i] = c;
+        partitionV = new ConstantColumnVector(Integer.MAX_VALUE, type);
+        columns[i] = partitionV;
         continue;
       }
       OnHeapColumnVector v = new OnHeapColumnVector(4096, type);
@@ -122,132 +112,55 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
 
   @Override
   public boolean next() throws IOException {
-    while (!done) {
-      if (timeoutMs >= 0 && System.currentTimeMillis() - startedMs >= timeoutMs) {
-        done = true;        // as read_topic's timeout_ms: what was read is the answer
-        return false;
+    if (fetchers == null) {
+      fetchers = new RangeFetcher[pieces.length];
+      for (int i = 0; i < pieces.length; i++) {
+        fetchers[i] = new RangeFetcher(pieces[i], fetchMaxBytes, timeoutMs, bootstrap,
+            clientId, ready, DEPTH);
       }
-      KafkaConnection.FetchAnswer answer;
+      running = fetchers.length;
+      for (RangeFetcher f : fetchers) f.start();
+    }
+    while (true) {
+      if (decoded != null) {
+        decoded.source.permits.release();
+        decoded = null;
+      }
+      if (running == 0) return false;
+      Object item;
       try {
-        if (conn == null) {
-          conn = new KafkaConnection(host, port, clientId);
-          inflight = -1;
-        }
-        if (inflight != pos) {
-          conn.sendFetch(piece.topic, piece.partition, pos, fetchMaxBytes);
-          inflight = pos;
-        }
-        answer = conn.readFetch(piece.topic, piece.partition);
-        inflight = -1;
-        if (answer.errorCode != 0) {
-          throw new KafkaConnection.KafkaErrorException(answer.errorCode,
-              piece + ": the leader answered error " + KafkaConnection.errorName(answer.errorCode));
-        }
-      } catch (IOException e) {
-        retry(e);
-        continue;
+        item = ready.take();
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IOException("raykafka source: interrupted", e);
       }
-      failures = 0;
-      byte[] b = answer.buf;
-      int p = answer.recordsOffset;
-      int limit = p + answer.recordsLength;
-      // walk the complete batches' headers: where the next fetch starts
-      long next = pos;
-      int scanEnd = p;
-      while (limit - p >= HEADER_SIZE) {
-        long base = getLong(b, p);
-        int size = 12 + getInt(b, p + 8);
-        if (size < HEADER_SIZE || size > limit - p) break;        // a partial batch
-        if (base >= piece.end) { next = piece.end; break; }
-        long last = base + getInt(b, p + 23);
-        if (last + 1 > next) next = last + 1;
-        p += size;
-        scanEnd = p;
-      }
-      if (next > piece.end) next = piece.end;
-      if (scanEnd == answer.recordsOffset) {           // no complete batch in range
-        if (next >= piece.end) { done = true; break; }
-        if (answer.recordsLength > 0) {                  // one batch larger than asked for
-          if (fetchMaxBytes >= (1 << 30)) {
-            throw new IOException(piece + ": a record batch at offset " + pos
-                + " does not fit in a fetch of " + fetchMaxBytes + " bytes");
-          }
-          fetchMaxBytes = Math.min(1 << 30, fetchMaxBytes * 2);
-          continue;
-        }
-        if (pos >= answer.highWatermark) { done = true; break; }   // nothing more committed
-        if (++empties > MAX_EMPTY_FETCHES) {
-          throw new IOException(piece + ": " + empties + " empty fetches at offset " + pos
-              + " below the high watermark " + answer.highWatermark);
+      if (item instanceof RangeFetcher.End) {
+        RangeFetcher.End end = (RangeFetcher.End) item;
+        running--;
+        if (end.error != null) {
+          throw end.error instanceof IOException ? (IOException) end.error
+              : new IOException(end.error.toString(), end.error);
         }
         continue;
       }
-      empties = 0;
-      fetchMaxBytes = fetchMaxBytesInitial;
-      long lo = pos;
-      if (next < piece.end) {
-        try {
-          conn.sendFetch(piece.topic, piece.partition, next, fetchMaxBytes);
-          inflight = next;
-        } catch (IOException e) {
-          closeConnection();        // the next round reconnects and asks again
-        }
-      } else {
-        done = true;
-      }
+      RangeFetcher.Chunk chunk = (RangeFetcher.Chunk) item;
+      decoded = chunk;
+      piece = chunk.source.piece;
       rows = 0;
       for (WritableColumnVector v : writable) v.reset();
-      for (int q = answer.recordsOffset; q < scanEnd; q += 12 + getInt(b, q + 8)) {
-        decodeBatch(b, q, 12 + getInt(b, q + 8), lo, piece.end);
+      byte[] b = chunk.buf;
+      for (int q = chunk.from; q < chunk.to; q += 12 + getInt(b, q + 8)) {
+        decodeBatch(b, q, 12 + getInt(b, q + 8), chunk.lo, chunk.hi);
       }
-      pos = next;
       if (rows > 0) {
+        if (topicV != null) {
+          topicV.setUtf8String(topics.computeIfAbsent(piece.topic, UTF8String::fromString));
+        }
+        if (partitionV != null) partitionV.setInt(piece.partition);
         batch.setNumRows(rows);
         return true;
       }
     }
-    return false;
-  }
-
-  private void retry(IOException e) throws IOException {
-    closeConnection();
-    boolean retriable = !(e instanceof KafkaConnection.KafkaErrorException)
-        || ((KafkaConnection.KafkaErrorException) e).retriable();
-    if (!retriable || ++failures > RETRIES) {
-      throw new IOException("raykafka source: reading " + piece + " at offset " + pos
-          + " failed: " + e.getMessage(), e);
-    }
-    try {
-      Thread.sleep(Math.min(1000L, 50L << Math.min(failures, 5)));
-    } catch (InterruptedException ie) {
-      Thread.currentThread().interrupt();
-      throw new IOException("interrupted", ie);
-    }
-    if (bootstrap.length > 0) {
-      for (String address : bootstrap) {
-        int colon = address.lastIndexOf(':');
-        try (KafkaConnection c = new KafkaConnection(address.substring(0, colon),
-            Integer.parseInt(address.substring(colon + 1)), clientId)) {
-          String leader = c.leaderOf(piece.topic, piece.partition);
-          if (leader != null) {
-            int at = leader.lastIndexOf(':');
-            host = leader.substring(0, at);
-            port = Integer.parseInt(leader.substring(at + 1));
-            return;
-          }
-        } catch (IOException | RuntimeException ignored) {
-          // the next address, or the same leader again
-        }
-      }
-    }
-  }
-
-  private void closeConnection() {
-    if (conn != null) {
-      conn.close();
-      conn = null;
-    }
-    inflight = -1;
   }
 
   /** The records of the batch at b[p, p+size) with offsets in [lo, hi), appended. */
@@ -259,13 +172,6 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
           + "; the JVM reader decodes magic 2 only");
     }
     int attributes = getShort(b, p + 21);
-    long stored = getInt(b, p + 17) & 0xffffffffL;
-    crc.reset();
-    crc.update(b, p + 21, size - 21);
-    if (crc.getValue() != stored) {
-      throw new IOException(piece + ": the record batch at offset " + base
-          + " fails its CRC32C check");
-    }
     if ((attributes & 0x20) != 0) return;             // a control batch (transaction marker)
     long last = base + getInt(b, p + 23);
     if (last < lo || base >= hi) return;
@@ -395,11 +301,10 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
 
   @Override
   public void close() {
-    closeConnection();
+    if (fetchers != null) {
+      for (RangeFetcher f : fetchers) f.stop();
+    }
+    ready.clear();
     batch.close();
-  }
-
-  static byte[] utf8(String s) {
-    return s.getBytes(StandardCharsets.UTF_8);
   }
 }

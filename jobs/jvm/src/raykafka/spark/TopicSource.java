@@ -35,7 +35,9 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * Spark columnar batches of the columns the query needs (SupportsPushDownRequiredColumns):
  * a count() decodes batch headers only.
  *
- * Options: {@code pieces} (required), {@code fetch_max_bytes} (default 4 MiB),
+ * Options: {@code pieces} (required), {@code ranges_per_task} (pieces one Spark partition
+ * reads at once, each from its own leader connection; default 1), {@code fetch_max_bytes}
+ * (default 4 MiB),
  * {@code timeout_ms} (stop a range after that long, as read_topic's option; default none),
  * {@code bootstrap} (comma-separated host:port of every broker, to find a moved leader),
  * {@code client_id}.
@@ -100,6 +102,7 @@ public final class TopicSource implements TableProvider {
   static final class TopicScan implements Scan, Batch {
     private final StructType required;
     private final List<Piece> pieces;
+    private final int rangesPerTask;
     private final int fetchMaxBytes;
     private final long timeoutMs;
     private final String bootstrap;
@@ -108,6 +111,7 @@ public final class TopicSource implements TableProvider {
     TopicScan(CaseInsensitiveStringMap options, StructType required) {
       this.required = required;
       this.pieces = Piece.parseAll(options.getOrDefault("pieces", ""));
+      this.rangesPerTask = Math.max(1, options.getInt("ranges_per_task", 1));
       this.fetchMaxBytes = options.getInt("fetch_max_bytes", 4 << 20);
       this.timeoutMs = options.getLong("timeout_ms", -1L);
       this.bootstrap = options.getOrDefault("bootstrap", "");
@@ -119,14 +123,20 @@ public final class TopicSource implements TableProvider {
     @Override public String description() {
       long offsets = 0;
       for (Piece p : pieces) offsets += p.end - p.start;
-      return "RaykafkaScan [" + pieces.size() + " ranges, " + offsets + " offsets, columns: "
+      return "RaykafkaScan [" + pieces.size() + " ranges, " + offsets + " offsets, "
+          + rangesPerTask + " ranges per task, columns: "
           + String.join(",", required.fieldNames()) + "]";
     }
 
     @Override public Batch toBatch() { return this; }
 
     @Override public InputPartition[] planInputPartitions() {
-      return pieces.toArray(new InputPartition[0]);
+      List<InputPartition> out = new ArrayList<>();
+      for (int i = 0; i < pieces.size(); i += rangesPerTask) {
+        out.add(new Task(pieces.subList(i, Math.min(pieces.size(), i + rangesPerTask))
+            .toArray(new Piece[0])));
+      }
+      return out.toArray(new InputPartition[0]);
     }
 
     @Override public PartitionReaderFactory createReaderFactory() {
@@ -158,12 +168,21 @@ public final class TopicSource implements TableProvider {
     }
 
     @Override public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition p) {
-      return new PieceReader((Piece) p, required, fetchMaxBytes, timeoutMs, bootstrap, clientId);
+      return new PieceReader(((Task) p).pieces, required, fetchMaxBytes, timeoutMs, bootstrap,
+          clientId);
     }
   }
 
-  /** One Spark partition: the offsets [start, end) of topic-partition, led by host:port. */
-  public static final class Piece implements InputPartition {
+  /** One Spark partition: the pieces it reads (at once). */
+  public static final class Task implements InputPartition {
+    private static final long serialVersionUID = 1L;
+    final Piece[] pieces;
+
+    Task(Piece[] pieces) { this.pieces = pieces; }
+  }
+
+  /** The offsets [start, end) of topic-partition, led by host:port. */
+  public static final class Piece implements java.io.Serializable {
     private static final long serialVersionUID = 1L;
     final String topic;
     final int partition;
