@@ -418,6 +418,27 @@ def test_the_jvm_reader_finds_a_moved_leader_through_metadata(spark, cluster):
     df = spark.read.format(JVM_SOURCE_CLASS).options(**options).load()
     assert rows(df) == [plain_record(0, i) for i in range(PER_PART)]
 
+def test_the_reader_jar_is_built_once_per_source_version_and_not_without_javac(
+        tmp_path, monkeypatch):
+    """jobs.jvm.build.jar_path compiles the Java sources into a jar under the user cache
+    directory keyed by their hash, reuses it afterwards (not rebuilt), and answers None
+    when there is no javac (read_topic_df then reads through Python workers)."""
+    import zipfile
+
+    from jobs.jvm import build
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(build, "_built", {})
+    jar = build.jar_path()
+    assert jar == tmp_path / "raykafka" / "jvm" / build.cache_key() / build.JAR_NAME
+    assert "raykafka/spark/TopicSource.class" in zipfile.ZipFile(jar).namelist()
+    built_at = jar.stat().st_mtime_ns
+    monkeypatch.setattr(build, "_built", {})
+    assert build.jar_path() == jar and jar.stat().st_mtime_ns == built_at
+    jar.unlink()
+    monkeypatch.setattr(build, "_built", {})
+    monkeypatch.setattr(build, "javac", lambda: None)
+    assert build.jar_path() is None
+
 def test_python_workers_read_when_the_jvm_reader_cannot(spark, cluster):
     """The Python workers' path is taken when RAYKAFKA_SPARK_READER=python, for a secured
     cluster (its clients use SASL_SSL), a consumer_config asking for SSL, or a leader with

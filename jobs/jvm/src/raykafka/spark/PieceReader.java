@@ -30,6 +30,27 @@ import org.apache.spark.unsafe.types.UTF8String;
  * Only the columns of {@code required} are decoded: with none (a count()), a batch wholly
  * inside its range counts by its header's record count; only a batch straddling the
  * range's start or end has its records walked (offset deltas) to clip it.
+ *
+ * A record batch v2 (big-endian; storage/records.py has the same table):
+ * <pre>
+ *   at  size  field
+ *    0     8  baseOffset
+ *    8     4  batchLength (bytes after this field: the batch is 12 + batchLength)
+ *   12     4  partitionLeaderEpoch
+ *   16     1  magic (2)
+ *   17     4  crc: CRC32C of bytes 21 .. end (checked by RangeFetcher)
+ *   21     2  attributes: bits 0-2 codec, 3 LogAppendTime, 4 transactional, 5 control
+ *   23     4  lastOffsetDelta
+ *   27     8  baseTimestamp
+ *   35     8  maxTimestamp (every record's timestamp under LogAppendTime)
+ *   43     8  producerId, 51: 2 producerEpoch, 53: 4 baseSequence
+ *   57     4  recordCount
+ *   61     -  records, compressed as a whole when the codec is not none; each:
+ *             varint length, int8 attributes, varlong timestampDelta, varint offsetDelta,
+ *             varint keyLength (-1 null), key, varint valueLength (-1 null), value,
+ *             varint headerCount, [varint keyLength, key, varint valueLength, value]...
+ * </pre>
+ * Not thread-safe (a Spark task's reader); the fetch threads only hand it chunks.
  */
 final class PieceReader implements PartitionReader<ColumnarBatch> {
   static final int HEADER_SIZE = 61;
@@ -184,16 +205,23 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
     boolean logAppend = (attributes & 8) != 0;
     long baseTs = getLong(b, p + 27);
     long maxTs = getLong(b, p + 35);
+    int regionEnd;
     if (codec == 0) {
       rb = b;
       rp = p + HEADER_SIZE;
+      regionEnd = p + size;
     } else {
       rb = decompress(codec, b, p + HEADER_SIZE, size - HEADER_SIZE, base);
       rp = 0;
+      regionEnd = rb.length;
     }
     for (int i = 0; i < count; i++) {
       int length = readVarint();
       int end = rp + length;
+      if (length < 0 || end > regionEnd) {
+        throw new IOException(piece + ": record " + i + " of the batch at offset " + base
+            + " has a length of " + length + " bytes, past the batch's end");
+      }
       rp++;                                            // attributes
       long tsDelta = readVarlong();
       long offset = base + readVarint();
