@@ -407,14 +407,19 @@ def test_count_groupby_and_sum_decode_only_the_columns_they_use(spark, cluster):
 
 def test_the_jvm_reader_finds_a_moved_leader_through_metadata(spark, cluster):
     """A range handed to the JVM reader with another broker's address (as after its leader
-    moved) is refused there; the reader asks the bootstrap brokers' Metadata for the leader
-    and reads the whole range from it."""
+    moved) is refused there (without bootstrap addresses the read fails, naming Kafka's
+    error); the reader asks the bootstrap brokers' Metadata for the leader and reads the
+    whole range from it."""
     options = _jvm_read_options(spark, cluster, [("plain", 0, 0, PER_PART)], {
         "consumer_config": {}, "fetch_max_bytes": 1 << 20, "timeout_ms": None})
     leader, _ = cluster.metadata.leader_broker("plain", 0)
     other = next(b for b in cluster.broker_ids() if b != leader)
     host, port = cluster.metadata.broker_address(other)
     options["pieces"] = f"plain\t0\t0\t{PER_PART}\t{host}\t{port}"
+    alone = spark.read.format(JVM_SOURCE_CLASS).options(
+        **{**options, "bootstrap": "", "retries": "0"}).load()
+    with pytest.raises(Exception, match="NOT_LEADER_OR_FOLLOWER|UNKNOWN_TOPIC_OR_PARTITION"):
+        alone.count()
     df = spark.read.format(JVM_SOURCE_CLASS).options(**options).load()
     assert rows(df) == [plain_record(0, i) for i in range(PER_PART)]
 

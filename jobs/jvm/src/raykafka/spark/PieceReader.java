@@ -62,6 +62,7 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
   private final long timeoutMs;
   private final String[] bootstrap;
   private final String clientId;
+  private final int retries;
 
   // the columns asked for (null when not)
   private WritableColumnVector keyV, valueV, offsetV, tsV, tsTypeV, headersV, hStructV, hKeyV,
@@ -83,8 +84,9 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
   private TopicSource.Piece piece;
 
   PieceReader(TopicSource.Piece[] pieces, StructType required, int fetchMaxBytes,
-              long timeoutMs, String bootstrap, String clientId) {
+              long timeoutMs, String bootstrap, String clientId, int retries) {
     this.pieces = pieces;
+    this.retries = retries;
     this.fetchMaxBytes = fetchMaxBytes;
     this.timeoutMs = timeoutMs;
     this.bootstrap = bootstrap.isEmpty() ? new String[0] : bootstrap.split(",");
@@ -137,7 +139,7 @@ final class PieceReader implements PartitionReader<ColumnarBatch> {
       fetchers = new RangeFetcher[pieces.length];
       for (int i = 0; i < pieces.length; i++) {
         fetchers[i] = new RangeFetcher(pieces[i], fetchMaxBytes, timeoutMs, bootstrap,
-            clientId, ready, DEPTH);
+            clientId, retries, ready, DEPTH);
       }
       running = fetchers.length;
       for (RangeFetcher f : fetchers) f.start();

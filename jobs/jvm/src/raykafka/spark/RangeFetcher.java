@@ -15,10 +15,10 @@ import java.util.zip.CRC32C;
  * the batches are checked and handed on. A broken connection or a retriable error (a
  * moved leader, a timeout) reconnects, to the leader a Metadata request names when
  * bootstrap addresses were given, and goes on from the first offset not yet handed on, at
- * most RETRIES times in a row.
+ * most {@code retries} times in a row.
  */
 final class RangeFetcher implements Runnable {
-  static final int RETRIES = 10;
+  static final int DEFAULT_RETRIES = 10;
   static final int HEADER_SIZE = 61;
   static final int MAX_EMPTY_FETCHES = 200;
 
@@ -57,6 +57,7 @@ final class RangeFetcher implements Runnable {
   private final long deadlineMs;
   private final String[] bootstrap;
   private final String clientId;
+  private final int retries;
   private final BlockingQueue<Object> out;
   final Semaphore permits;
   private final CRC32C crc = new CRC32C();
@@ -73,7 +74,8 @@ final class RangeFetcher implements Runnable {
   private int empties;
 
   RangeFetcher(TopicSource.Piece piece, int fetchMaxBytes, long timeoutMs, String[] bootstrap,
-               String clientId, BlockingQueue<Object> out, int depth) {
+               String clientId, int retries, BlockingQueue<Object> out, int depth) {
+    this.retries = retries;
     this.piece = piece;
     this.fetchMaxBytesInitial = fetchMaxBytes;
     this.fetchMaxBytes = fetchMaxBytes;
@@ -203,7 +205,7 @@ final class RangeFetcher implements Runnable {
     closeConnection();
     boolean retriable = !(e instanceof KafkaConnection.KafkaErrorException)
         || ((KafkaConnection.KafkaErrorException) e).retriable();
-    if (!retriable || ++failures > RETRIES) {
+    if (!retriable || ++failures > retries) {
       throw new IOException("raykafka source: reading " + piece + " at offset " + pos
           + " failed: " + e.getMessage(), e);
     }

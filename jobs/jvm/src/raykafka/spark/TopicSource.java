@@ -40,6 +40,7 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * (default 4 MiB),
  * {@code timeout_ms} (stop a range after that long, as read_topic's option; default none),
  * {@code bootstrap} (comma-separated host:port of every broker, to find a moved leader),
+ * {@code retries} (failed fetches in a row before the task fails; default 10),
  * {@code client_id}.
  */
 public final class TopicSource implements TableProvider {
@@ -107,6 +108,7 @@ public final class TopicSource implements TableProvider {
     private final long timeoutMs;
     private final String bootstrap;
     private final String clientId;
+    private final int retries;
 
     TopicScan(CaseInsensitiveStringMap options, StructType required) {
       this.required = required;
@@ -116,6 +118,7 @@ public final class TopicSource implements TableProvider {
       this.timeoutMs = options.getLong("timeout_ms", -1L);
       this.bootstrap = options.getOrDefault("bootstrap", "");
       this.clientId = options.getOrDefault("client_id", "raykafka-spark");
+      this.retries = Math.max(0, options.getInt("retries", RangeFetcher.DEFAULT_RETRIES));
     }
 
     @Override public StructType readSchema() { return required; }
@@ -140,7 +143,7 @@ public final class TopicSource implements TableProvider {
     }
 
     @Override public PartitionReaderFactory createReaderFactory() {
-      return new ReaderFactory(required, fetchMaxBytes, timeoutMs, bootstrap, clientId);
+      return new ReaderFactory(required, fetchMaxBytes, timeoutMs, bootstrap, clientId, retries);
     }
   }
 
@@ -151,9 +154,11 @@ public final class TopicSource implements TableProvider {
     private final long timeoutMs;
     private final String bootstrap;
     private final String clientId;
+    private final int retries;
 
     ReaderFactory(StructType required, int fetchMaxBytes, long timeoutMs, String bootstrap,
-                  String clientId) {
+                  String clientId, int retries) {
+      this.retries = retries;
       this.required = required;
       this.fetchMaxBytes = fetchMaxBytes;
       this.timeoutMs = timeoutMs;
@@ -169,7 +174,7 @@ public final class TopicSource implements TableProvider {
 
     @Override public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition p) {
       return new PieceReader(((Task) p).pieces, required, fetchMaxBytes, timeoutMs, bootstrap,
-          clientId);
+          clientId, retries);
     }
   }
 
