@@ -17,6 +17,7 @@ and a 3-broker cluster, one 6-partition topic of 100-byte values. In this order:
    through ``jobs.spark.to_spark_block``, ``write_parquet``; not a goal), then the
    Dataset is dropped (its blocks leave the object store).
 5. Spark (RayDP, one executor of one core): four queries, each through ``read_topic_df``
+   (its JVM reader unless ``--spark-reader python``; ``spark_reader`` says which read)
    and over the Parquet copy: ``count()``, ``groupBy("partition").count()``,
    ``sum(length(value))`` and a ``noop`` write (every column computed, nothing stored).
    Each is run once cold (``spark_<query>_cold_s``, ``spark_parquet_<query>_cold_s``: the
@@ -149,6 +150,8 @@ def spark(cluster, records: int, size: int, path: str, executor_memory: str,
     session = spark_session(app_name="raykafka-jobs-bench", executor_memory=executor_memory)
     session.range(1).count()                         # the executor up and warm
     out = {"spark_start_s": round(time.perf_counter() - t0, 1)}
+    plan = read_topic_df(session, cluster, TOPIC)._jdf.queryExecution().executedPlan()
+    out["spark_reader"] = "jvm" if "RaykafkaScan" in plan.toString() else "python"
     sources = {"spark": lambda: read_topic_df(session, cluster, TOPIC),
                "spark_parquet": lambda: session.read.parquet(path)}
 
@@ -189,12 +192,18 @@ def main() -> int:
                     help="warm runs of each Spark query (the median is reported)")
     ap.add_argument("--executor-memory", default="2g", help="Spark executor memory")
     ap.add_argument("--no-spark", action="store_true", help="skip the Spark phases")
+    ap.add_argument("--spark-reader", choices=("auto", "jvm", "python"), default=None,
+                    help="read_topic_df's reader (RAYKAFKA_SPARK_READER; default: auto, the "
+                         "JVM reader when it can)")
     a = ap.parse_args()
     records = a.records or (2_000_000 if a.quick else 10_000_000)
     if records < 1 or a.record_size < 12 or a.partitions < 1 or a.brokers < 1 \
             or a.repeat < 1 or (a.num_cpus is not None and a.num_cpus < 1):
         ap.error("--records, --partitions, --brokers, --repeat and --num-cpus must be >= 1, "
                  "--record-size >= 12")
+    if a.spark_reader is not None:
+        from jobs.spark import READER_ENV
+        os.environ[READER_ENV] = a.spark_reader
     from actors.tools import perf
     from jobs.quiet import quiet_ray_data
     t_start = time.perf_counter()

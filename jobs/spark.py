@@ -26,16 +26,22 @@ Java actors), with the driver JVM in this process. It passes what RayDP 1.6.5 ne
 - small defaults for one machine (``DEFAULT_CONFIGS``); ``configs`` overrides any of them.
 
 ``read_topic_df`` resolves the offset ranges on the driver and reads them inside Spark's
-executors, as Spark's own Kafka source does: one Spark partition per range, whose Python
-worker (attached to Ray once, ``attach_workers``) fetches the range through the partition
-leader's replica actor handle (``jobs.data.iter_range``) and yields Arrow record batches of
-Spark's Kafka source columns (``mapInArrow``), fetch by fetch; nothing goes through Ray's
-object store. ``dataset_to_df`` still turns a Ray Dataset into a DataFrame (RayDP's Ray ->
+executors, as Spark's own Kafka source does, one Spark partition per range. Its reader is
+the JVM one (``jobs/jvm``: a Java DataSource V2, ``raykafka.spark.TopicSource``, whose jar
+``spark_session`` adds to the session) whenever the leaders have PLAINTEXT listeners: each
+task fetches its range from the leader's Kafka listener and hands Spark columnar batches
+of only the columns the query uses (a ``count()`` reads batch headers only). Otherwise
+(a secured cluster, no JDK, ``RAYKAFKA_SPARK_READER=python``) a ``mapInArrow`` whose
+Python workers (attached to Ray once, ``attach_workers``) fetch the range with a
+``SimpleConsumer`` (``jobs.data.iter_range``) and yield Arrow record batches of every
+column. Nothing goes through Ray's object store either way.
+``dataset_to_df`` still turns a Ray Dataset into a DataFrame (RayDP's Ray ->
 Spark bridge, through Arrow IPC objects this driver holds until ``release_df``).
 ``write_topic_df`` is RayDP's Spark -> Ray bridge (``ray.data.from_spark``) and
 ``jobs.data.write_topic``.
 
-Only the public API is imported (``actors``, ``actors.errors``, ``jobs.data``).
+Only the public API is imported (``actors``, ``actors.errors``, ``jobs.data``; and
+``jobs.jvm.build``, which builds the JVM reader's jar).
 """
 
 from __future__ import annotations
@@ -223,6 +229,10 @@ def session_configs(total_cores: int = 1, configs: dict | None = None) -> dict:
             "spark.driver.host": host,
             "spark.driver.bindAddress": host}
     conf = {**conf, **user}
+    jar = jvm_reader_jar()
+    if jar is not None:                 # the JVM reader of read_topic_df, on every JVM
+        conf["spark.jars"] = ",".join(filter(None, [user.get("spark.jars", "").strip(),
+                                                   str(jar)]))
     for key in JAVA_OPTION_KEYS:
         conf[key] = " ".join(filter(None, [JAVA_OPTIONS, user.get(key, "").strip()]))
     return conf
@@ -369,6 +379,13 @@ SPARK_NO_TIMESTAMP_TYPE = -1
 DEFAULT_SPARK_RECORDS_PER_PARTITION = 4_000_000
 #: ``read_topic_df``'s options (the rest of ``read_topic``'s are Ray task resources: the
 #: reads run in Spark's executors here)
+#: The JVM reader (``jobs/jvm``): its DataSource V2 class and jar file name.
+JVM_SOURCE_CLASS = "raykafka.spark.TopicSource"
+JVM_JAR_NAME = "raykafka-spark.jar"
+#: The JVM reader's Spark tasks: as many as the executors have cores, each reading its
+#: ranges at once (a fetch thread and connection per range, up to 2 fetches of
+#: ``fetch_max_bytes`` held each), at most this many ranges per task.
+JVM_MAX_RANGES_PER_TASK = 8
 READ_OPTIONS = ("partitions", "max_records_per_task", "fetch_max_bytes", "consumer_config",
                 "timeout_ms")
 
@@ -393,13 +410,14 @@ def read_topic_df(spark, cluster, topic_or_topics, starting_offsets="earliest",
     Offsets are resolved when this is called: the DataFrame is a fixed snapshot of
     committed records (below each partition's high watermark). The records are read when
     Spark computes the DataFrame, inside its executors, as Spark's own Kafka source does:
-    one Spark partition per offset range (``jobs.data.split_ranges``), whose task's Python
-    worker fetches the range from the partition leader through its replica actor handle
-    (``jobs.data.iter_range``) and hands Spark Arrow record batches of its columns
-    (``mapInArrow``), fetch by fetch, so Spark works on the first records while later
-    ones are fetched. Nothing goes through Ray's object store and nothing is held after
-    the action: each action reads the ranges again (``df.cache()`` to keep them).
-    A worker attaches to Ray the first time it reads (``spark_session`` does it ahead).
+    one Spark partition per offset range (``jobs.data.split_ranges``), fetch by fetch, so
+    Spark works on the first records while later ones are fetched. The reader is the JVM
+    one (``jobs/jvm``: Fetch requests to the leader's PLAINTEXT listener, columnar batches
+    of only the columns the query uses) when ``_jvm_read_options`` says it can, else
+    Spark's Python workers (``RangeReader`` in a ``mapInArrow``: every column).
+    ``RAYKAFKA_SPARK_READER`` (``READERS``) forces one. Nothing goes through Ray's object
+    store and nothing is held after the action: each action reads the ranges again
+    (``df.cache()`` to keep them).
 
     Raises what ``read_topic`` raises (UnknownTopicOrPartitionError, IllegalArgumentError,
     OffsetOutOfRangeError, InvalidConfigurationError), on the driver, and
@@ -425,12 +443,89 @@ def read_topic_df(spark, cluster, topic_or_topics, starting_offsets="earliest",
     pieces = [r for r in split_ranges(ranges, options["max_records_per_task"]) if r[3] > r[2]]
     if not pieces:
         return spark.createDataFrame([], SPARK_SCHEMA)
+    jvm = _jvm_read_options(spark, cluster, pieces, options)
+    if jvm is not None:
+        return spark.read.format(JVM_SOURCE_CLASS).options(**jvm).load()
     reader = RangeReader(cluster.namespace, _ray_address(), pieces,
                          consumer_config=options["consumer_config"],
                          fetch_max_bytes=options["fetch_max_bytes"],
                          timeout_ms=options["timeout_ms"])
     return spark.range(0, len(pieces), 1, numPartitions=len(pieces)) \
         .mapInArrow(reader, SPARK_SCHEMA)
+
+
+#: ``read_topic_df``'s reader: "auto" (the JVM reader when it can, else Python workers),
+#: "jvm" (the JVM reader or IllegalStateError), "python" (Spark's Python workers).
+READER_ENV = "RAYKAFKA_SPARK_READER"
+READERS = ("auto", "jvm", "python")
+
+
+def jvm_reader_jar():
+    """The jar of the JVM reader (``jobs/jvm``, built on first use and cached), or None
+    without a JDK or with ``RAYKAFKA_SPARK_READER=python``."""
+    if os.environ.get(READER_ENV, "auto") == "python":
+        return None
+    from jobs.jvm.build import jar_path
+    return jar_path()
+
+
+def _reader_choice() -> str:
+    choice = os.environ.get(READER_ENV, "auto").strip().lower() or "auto"
+    if choice not in READERS:
+        raise InvalidConfigurationError(f"{READER_ENV} must be one of {list(READERS)}, got "
+                                        f"{choice!r}")
+    return choice
+
+
+def _jvm_read_options(spark, cluster, pieces, options) -> dict | None:
+    """The options of the JVM reader (``jobs/jvm``: ``raykafka.spark.TopicSource``) for
+    ``pieces``, or None when Spark's Python workers read instead: ``RAYKAFKA_SPARK_READER``
+    says python, the session was started without the reader's jar (no JDK), the cluster
+    or ``consumer_config`` asks for SASL/SSL, or a leader has no PLAINTEXT listener. (With
+    ``RAYKAFKA_SPARK_READER=jvm`` those raise IllegalStateError instead.)"""
+    choice = _reader_choice()
+    if choice == "python":
+        return None
+
+    def cannot(reason: str):
+        if choice == "jvm":
+            raise IllegalStateError(f"{READER_ENV}=jvm but the JVM reader cannot read this: "
+                                    f"{reason}")
+        log.debug("read_topic_df through Python workers: %s", reason)
+        return None
+
+    jars = spark.sparkContext.getConf().get("spark.jars", "")
+    if JVM_JAR_NAME not in jars:
+        return cannot("the Spark session was started without the reader's jar (no javac?)")
+    protocol = str(options["consumer_config"].get("security_protocol", "PLAINTEXT")).upper()
+    if protocol != "PLAINTEXT" or (cluster.security_files is not None
+                                   and "security_protocol" not in options["consumer_config"]):
+        return cannot("the cluster's clients use SASL/SSL")
+    from actors.errors import KafkaError
+    metadata = cluster.metadata
+    try:
+        lines = []
+        for topic, partition, start, end in pieces:
+            broker, _ = metadata.leader_broker(topic, partition)
+            host, port = metadata.broker_address(broker, "PLAINTEXT")
+            lines.append(f"{topic}\t{partition}\t{start}\t{end}\t{host}\t{port}")
+        bootstrap = []
+        for broker in sorted(int(b) for b in metadata.snapshot().get("brokers") or {}):
+            with contextlib.suppress(KafkaError):
+                bootstrap.append("%s:%d" % metadata.broker_address(broker, "PLAINTEXT"))
+    except KafkaError as exc:
+        return cannot(f"no PLAINTEXT leader address ({exc})")
+    conf = spark.sparkContext.getConf()
+    cores = int(conf.get("spark.executor.instances", "1")) * \
+        int(conf.get("spark.executor.cores", "1"))
+    per_task = min(JVM_MAX_RANGES_PER_TASK, -(-len(lines) // max(1, cores)))
+    out = {"pieces": "\n".join(lines), "bootstrap": ",".join(bootstrap),
+           "ranges_per_task": str(per_task),
+           "fetch_max_bytes": str(options["fetch_max_bytes"]),
+           "client_id": str(options["consumer_config"].get("client_id", "raykafka-spark"))}
+    if options["timeout_ms"] is not None:
+        out["timeout_ms"] = str(options["timeout_ms"])
+    return out
 
 
 class RangeReader:

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
-command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+# the JDK (not only the JRE): jobs/jvm/build.py compiles read_topic_df's Spark reader with javac
+command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)   # a Kafka client the tests use as an oracle
 if [ "${RAYKAFKA_INSTALL_PEERS:-0}" = 1 ]; then
   command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)

@@ -6,6 +6,7 @@ start)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,8 +28,9 @@ from actors.errors import (ClusterNotFoundError, IllegalArgumentError, IllegalSt
 from cluster_helpers import ray, stop_ray, unique_namespace, wait_until
 from jobs.data import read_topic, write_topic
 from jobs.examples import word_count
-from jobs.spark import (JAVA_OPTIONS, SPARK_SCHEMA, active_session, dataset_to_df,
-                        held_dfs, read_topic_df, spark_session, stop_spark, write_topic_df)
+from jobs.spark import (JAVA_OPTIONS, JVM_SOURCE_CLASS, READER_ENV, SPARK_SCHEMA,
+                        _jvm_read_options, active_session, dataset_to_df, held_dfs,
+                        read_topic_df, spark_session, stop_spark, write_topic_df)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = {"zookeeper.session.timeout.ms": 20000}
@@ -331,6 +333,158 @@ def test_only_records_below_the_high_watermark_are_read(spark, cluster):
                what="the high watermark to reach the log end")
     got = rows(read_topic_df(spark, cluster, "live", 30))
     assert [r["value"] for r in got] == uncommitted
+
+
+# -- the JVM reader (jobs/jvm) and its fallback ------------------------------------------------
+
+def plan(df) -> str:
+    """The physical plan Spark runs for ``df``."""
+    return df._jdf.queryExecution().executedPlan().toString()
+
+
+@contextlib.contextmanager
+def reader(choice: str):
+    """read_topic_df's reader forced to ``choice`` (RAYKAFKA_SPARK_READER) in the block."""
+    old = os.environ.get(READER_ENV)
+    os.environ[READER_ENV] = choice
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(READER_ENV, None)
+        else:
+            os.environ[READER_ENV] = old
+
+
+def test_the_jvm_reader_gives_the_python_readers_rows_whole_and_from_inside_batches(
+        spark, cluster):
+    """On a cluster with PLAINTEXT listeners read_topic_df reads through the JVM reader
+    (a BatchScan of raykafka's source, no Python node) and gives exactly the rows of the
+    Python workers' path (RAYKAFKA_SPARK_READER=python: mapInArrow): keys, null values,
+    headers (null without), timestamps, for the whole topic, for a range that starts and
+    ends inside record batches, and for batches compressed with each codec."""
+    cluster.admin().create_topic("jvm", partitions=1)
+    codecs = (None, "gzip", "snappy", "lz4", "zstd")
+    for n, codec in enumerate(codecs):
+        with cluster.producer(compression_type=codec) as producer:
+            producer.send_batch(
+                "jvm", [None if i % 5 == 0 else b"v%d-%d" % (n, i) for i in range(20)],
+                keys=[b"k%d" % i for i in range(20)],
+                timestamps=[BASE + i for i in range(20)],
+                headers=[[("c", (codec or "none").encode()), ("i", None)] if i % 3 else []
+                         for i in range(20)]).wait(timeout=60)
+    for start, end in (("earliest", "latest"), (13, 87)):     # 13..86: inside batches
+        jvm_df = read_topic_df(spark, cluster, "jvm", start, end)
+        assert "RaykafkaScan" in plan(jvm_df) and "Python" not in plan(jvm_df)
+        with reader("python"):
+            python_df = read_topic_df(spark, cluster, "jvm", start, end)
+        assert "MapInArrow" in plan(python_df) and "RaykafkaScan" not in plan(python_df)
+        got, want = rows(jvm_df), rows(python_df)
+        assert got == want
+        first = 0 if start == "earliest" else start
+        assert [r["offset"] for r in got] == list(range(first, 100 if end == "latest" else end))
+    assert rows(read_topic_df(spark, cluster, "plain")) == \
+        [plain_record(p, i) for p in range(PARTS) for i in range(PER_PART)]
+
+
+def test_count_groupby_and_sum_decode_only_the_columns_they_use(spark, cluster):
+    """Through the JVM reader a count() asks its scan for no column, a
+    groupBy("partition").count() for partition only (a constant per range) and
+    sum(length(value)) for value only (the scan's description lists what it decodes), and
+    each answers what the full rows say, also for a range inside batches."""
+    df = read_topic_df(spark, cluster, "plain", 3, 33)
+    count = df.groupBy().count()
+    assert "columns: ]" in plan(count), plan(count)
+    assert count.collect()[0][0] == PARTS * 30
+    by_partition = df.groupBy("partition").count()
+    assert "columns: partition]" in plan(by_partition), plan(by_partition)
+    assert sorted(map(tuple, by_partition.collect())) == [(p, 30) for p in range(PARTS)]
+    lengths = df.selectExpr("sum(length(value)) AS n")
+    assert "columns: value]" in plan(lengths), plan(lengths)
+    assert lengths.collect()[0]["n"] == sum(len(plain_record(p, i)["value"])
+                                            for p in range(PARTS) for i in range(3, 33))
+
+
+def test_the_jvm_reader_finds_a_moved_leader_through_metadata(spark, cluster):
+    """A range handed to the JVM reader with another broker's address (as after its leader
+    moved) is refused there (without bootstrap addresses the read fails, naming Kafka's
+    error); the reader asks the bootstrap brokers' Metadata for the leader and reads the
+    whole range from it."""
+    options = _jvm_read_options(spark, cluster, [("plain", 0, 0, PER_PART)], {
+        "consumer_config": {}, "fetch_max_bytes": 1 << 20, "timeout_ms": None})
+    leader, _ = cluster.metadata.leader_broker("plain", 0)
+    other = next(b for b in cluster.broker_ids() if b != leader)
+    host, port = cluster.metadata.broker_address(other)
+    options["pieces"] = f"plain\t0\t0\t{PER_PART}\t{host}\t{port}"
+    alone = spark.read.format(JVM_SOURCE_CLASS).options(
+        **{**options, "bootstrap": "", "retries": "0"}).load()
+    with pytest.raises(Exception, match="NOT_LEADER_OR_FOLLOWER|UNKNOWN_TOPIC_OR_PARTITION"):
+        alone.count()
+    df = spark.read.format(JVM_SOURCE_CLASS).options(**options).load()
+    assert rows(df) == [plain_record(0, i) for i in range(PER_PART)]
+
+def test_the_reader_jar_is_built_once_per_source_version_and_not_without_javac(
+        tmp_path, monkeypatch):
+    """jobs.jvm.build.jar_path compiles the Java sources into a jar under the user cache
+    directory keyed by their hash, reuses it afterwards (not rebuilt), and answers None
+    when there is no javac (read_topic_df then reads through Python workers)."""
+    import zipfile
+
+    from jobs.jvm import build
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(build, "_built", {})
+    jar = build.jar_path()
+    assert jar == tmp_path / "raykafka" / "jvm" / build.cache_key() / build.JAR_NAME
+    assert "raykafka/spark/TopicSource.class" in zipfile.ZipFile(jar).namelist()
+    built_at = jar.stat().st_mtime_ns
+    monkeypatch.setattr(build, "_built", {})
+    assert build.jar_path() == jar and jar.stat().st_mtime_ns == built_at
+    jar.unlink()
+    monkeypatch.setattr(build, "_built", {})
+    monkeypatch.setattr(build, "javac", lambda: None)
+    assert build.jar_path() is None
+
+def test_python_workers_read_when_the_jvm_reader_cannot(spark, cluster):
+    """The Python workers' path is taken when RAYKAFKA_SPARK_READER=python, for a secured
+    cluster (its clients use SASL_SSL), a consumer_config asking for SSL, or a leader with
+    no PLAINTEXT listener; RAYKAFKA_SPARK_READER=jvm then raises IllegalStateError saying
+    why, and a value not in READERS raises InvalidConfigurationError."""
+    from actors.errors import BrokerNotAvailableError
+    pieces = [("plain", 0, 0, PER_PART)]
+    options = {"consumer_config": {}, "fetch_max_bytes": 1 << 20, "timeout_ms": None}
+    assert _jvm_read_options(spark, cluster, pieces, options)["pieces"].startswith(
+        f"plain\t0\t0\t{PER_PART}\t127.0.0.1\t")
+
+    class SaslOnly:                  # a leader registered with a SASL_SSL listener only
+        security_files = None
+
+        class metadata:
+            @staticmethod
+            def leader_broker(topic, partition):
+                return 1, 0
+
+            @staticmethod
+            def broker_address(broker, protocol="PLAINTEXT"):
+                raise BrokerNotAvailableError(f"broker {broker} has no {protocol} listener")
+
+            @staticmethod
+            def snapshot():
+                return {"brokers": {1: {}}}
+
+    class Secured:
+        security_files = {"protocol": "SASL_SSL"}
+
+    ssl = {**options, "consumer_config": {"security_protocol": "SSL"}}
+    for target, opts in ((SaslOnly, options), (Secured, options), (cluster, ssl)):
+        assert _jvm_read_options(spark, target, pieces, opts) is None
+        with reader("jvm"), pytest.raises(IllegalStateError, match="JVM reader cannot"):
+            _jvm_read_options(spark, target, pieces, opts)
+    with reader("python"):
+        df = read_topic_df(spark, cluster, "plain")
+        assert "MapInArrow" in plan(df)
+        assert df.count() == PARTS * PER_PART
+    with reader("fastest"), pytest.raises(InvalidConfigurationError, match=READER_ENV):
+        read_topic_df(spark, cluster, "plain")
 
 
 # -- write_topic_df ----------------------------------------------------------------------------
