@@ -37,6 +37,7 @@ def assert_one_line_error(proc, code: int, *needles: str):
     err = proc.stderr.decode()
     assert proc.returncode == code, (proc.returncode, err)
     assert "Traceback" not in err, err
+    assert "\r" not in err, err        # no progress bar drawn before the error
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
     for needle in needles:
@@ -156,6 +157,31 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
                           "exactly one resource")
     assert_one_line_error(cli(daemon, "acls", "add", "User:a", "--operation", "read",
                               "--topic", "t"), 1, "SecurityDisabledError")
+
+
+def test_produce_with_an_empty_key_separator_is_a_usage_error(daemon):
+    """`produce --key-separator ''` exits 2 with one line naming the option (it was a
+    ValueError from bytes.partition)."""
+    assert_one_line_error(cli(daemon, "produce", "cli-io", "--key-separator", "",
+                              stdin=b"k v\n"), 2, "--key-separator")
+
+
+def test_perf_consume_of_an_unknown_topic_is_one_line_without_a_progress_bar(daemon):
+    """`perf consume` of a missing topic prints only the UnknownTopicOrPartitionError line,
+    exit 1: no progress bar is drawn before the topic is known."""
+    proc = cli(daemon, "perf", "consume", "--topic", "no-such-topic", "--num-records", "10")
+    assert_one_line_error(proc, 1, "UnknownTopicOrPartitionError", "no-such-topic")
+    assert proc.stderr.decode().startswith("raykafka: "), proc.stderr.decode()
+
+
+def test_groups_describe_on_a_fresh_cluster_waits_for_the_offsets_topic(daemon):
+    """The first `groups describe` of a cluster, which creates the offsets topic, answers
+    GroupIdNotFoundError for an unknown group, not CoordinatorNotAvailableError while the
+    new topic's partitions get their leaders."""
+    topics = cli(daemon, "topics", "list").stdout.decode().split()
+    assert "__consumer_offsets" not in topics, "run this before any group is used"
+    assert_one_line_error(cli(daemon, "groups", "describe", "first-group"), 1,
+                          "GroupIdNotFoundError", "first-group")
 
 
 def test_consume_with_a_group_commits_and_groups_describe_shows_no_lag(daemon):

@@ -442,6 +442,8 @@ def _stdin_chunks(stream, limit: int):
 
 def cmd_produce(args) -> int:
     _check_topic_name(args.topic)
+    if args.key_separator == "":
+        raise UsageError("--key-separator needs at least one character")
     cluster = connect(args.namespace)
     cluster.metadata.partitions_for(args.topic)  # unknown topic: a clear error before reading
     sep = args.key_separator.encode() if args.key_separator is not None else None
@@ -757,6 +759,8 @@ def cmd_perf_consume(args) -> int:
             perf.ensure_topic(cluster, args.topic, partitions=args.partitions, create=True)
             perf.fill(cluster, args.topic, num_records=args.num_records,
                       record_size=args.record_size)
+        else:       # an unknown topic: one error line, before the progress bar starts
+            cluster.metadata.partitions_for(args.topic)
         result = perf.consume(cluster, args.topic, num_records=args.num_records)
     finally:
         if args.embedded:
