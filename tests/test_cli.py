@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -130,6 +131,52 @@ def test_produce_from_stdin_and_consume_from_the_beginning(daemon):
         assert mine == sorted(mine)
     out = cli(daemon, "consume", "cli-io", "--from-beginning", "--max-messages", "5")
     assert len(out.stdout.decode().splitlines()) == 5
+
+
+@pytest.fixture(scope="module")
+def three_records(daemon):
+    """A topic holding three records, for the tests that end a running `consume`."""
+    assert cli(daemon, "topics", "create", "cli-three", "--partitions", "1",
+               "--replication-factor", "1").returncode == 0
+    assert cli(daemon, "produce", "cli-three", stdin=b"a\nb\nc\n").returncode == 0
+    return "cli-three"
+
+
+def _consume_running(daemon, topic: str, *args) -> subprocess.Popen:
+    """`consume TOPIC --from-beginning ARGS` with no end, once it printed its first line."""
+    state_dir, ns = daemon
+    proc = subprocess.Popen([sys.executable, "-m", "actors.tools.cli", "consume", topic,
+                             "--from-beginning", *args, "--namespace", ns],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(state_dir), cwd=ROOT)
+    assert proc.stdout.readline() == b"a\n"
+    return proc
+
+
+def test_consume_ends_when_its_output_pipe_closes_while_idle(daemon, three_records):
+    """`consume | head -1`: once the reader of its stdout is gone, a consume with nothing
+    more to print exits 0 within moments instead of waiting for a next record forever."""
+    proc = _consume_running(daemon, three_records)
+    try:
+        proc.stdout.close()
+        assert proc.wait(timeout=20) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_ends_consume_quietly(daemon, three_records):
+    """SIGTERM (`kill`, `timeout`) ends a running `consume` with exit 143 and nothing on
+    stderr: no stack dump from Ray's failure signal handler."""
+    proc = _consume_running(daemon, three_records)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        err = proc.stderr.read().decode()
+        assert code == 143 and err == "", (code, err)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):

@@ -70,7 +70,30 @@ def connect(namespace: str):
     # stdout is this command's output (records, tables, JSON): Ray's own messages go to
     # stderr (docs/ray-notes.md)
     raycompat.ray_messages_to_stderr()
+    _exit_on_sigterm()
     return Cluster.connect(namespace)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``timeout``) ends the command quietly with exit 143, its
+    ``finally`` blocks run (a group member commits and leaves), instead of the failure
+    handler Ray installed when attaching, which prints a C++ stack dump to stderr."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
+def _output_closed(out) -> bool:
+    """True when ``out`` is a pipe whose reader has gone (``consume ... | head`` after
+    ``head`` exited): an idle consume notices it now, not at its next record."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(out.fileno(), 0)    # 0: only POLLERR / POLLHUP are reported
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):           # not a real file descriptor
+        return False
 
 
 def _start_embedded(brokers: int = 3):
@@ -79,6 +102,7 @@ def _start_embedded(brokers: int = 3):
     from ..cluster import Cluster
     raycompat.init_local("raykafka-embedded")
     raycompat.ray_messages_to_stderr()
+    _exit_on_sigterm()
     ns = f"embedded-{os.getpid()}"
     return Cluster.start(num_brokers=brokers, namespace=ns)
 
@@ -513,8 +537,8 @@ def _consume_group(args) -> int:
             out.flush()
             if got:
                 idle_since = time.monotonic()
-            elif args.timeout_ms is not None and \
-                    (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+            elif _output_closed(out) or (args.timeout_ms is not None and (
+                    time.monotonic() - idle_since) * 1000 >= args.timeout_ms):
                 break
         consumer.commit()
     finally:
@@ -553,8 +577,8 @@ def cmd_consume(args) -> int:
         if any_new:
             idle_since = time.monotonic()
         else:
-            if args.timeout_ms is not None and \
-                    (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+            if _output_closed(out) or (args.timeout_ms is not None and (
+                    time.monotonic() - idle_since) * 1000 >= args.timeout_ms):
                 break
             time.sleep(0.1)
     _err(f"Processed a total of {count} messages")
