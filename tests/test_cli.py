@@ -213,6 +213,13 @@ def test_produce_with_an_empty_key_separator_is_a_usage_error(daemon):
                               stdin=b"k v\n"), 2, "--key-separator")
 
 
+def test_topics_delete_refuses_the_offsets_topic(daemon):
+    """`topics delete __consumer_offsets` exits 1 with InvalidTopicError, as Kafka's
+    kafka-topics refuses an internal topic: it would drop every group's offsets."""
+    assert_one_line_error(cli(daemon, "topics", "delete", "__consumer_offsets"), 1,
+                          "InvalidTopicError", "internal")
+
+
 def test_perf_consume_of_an_unknown_topic_is_one_line_without_a_progress_bar(daemon):
     """`perf consume` of a missing topic prints only the UnknownTopicOrPartitionError line,
     exit 1: no progress bar is drawn before the topic is known."""

@@ -420,6 +420,11 @@ def _off(value) -> str:
 
 def cmd_topics_delete(args) -> int:
     _check_topic_name(args.name)
+    from ..errors import InvalidTopicError
+    from ..protocol import OFFSETS_TOPIC
+    if args.name == OFFSETS_TOPIC:      # as Kafka's kafka-topics --delete refuses it
+        raise InvalidTopicError(f"topic {OFFSETS_TOPIC!r} is internal (every group's "
+                                f"committed offsets) and cannot be deleted")
     connect(args.namespace).admin().delete_topic(args.name)
     print(f"Deleted topic {args.name}.")
     return 0
