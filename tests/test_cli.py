@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +38,7 @@ def assert_one_line_error(proc, code: int, *needles: str):
     err = proc.stderr.decode()
     assert proc.returncode == code, (proc.returncode, err)
     assert "Traceback" not in err, err
+    assert "\r" not in err, err        # no progress bar drawn before the error
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
     for needle in needles:
@@ -131,6 +133,52 @@ def test_produce_from_stdin_and_consume_from_the_beginning(daemon):
     assert len(out.stdout.decode().splitlines()) == 5
 
 
+@pytest.fixture(scope="module")
+def three_records(daemon):
+    """A topic holding three records, for the tests that end a running `consume`."""
+    assert cli(daemon, "topics", "create", "cli-three", "--partitions", "1",
+               "--replication-factor", "1").returncode == 0
+    assert cli(daemon, "produce", "cli-three", stdin=b"a\nb\nc\n").returncode == 0
+    return "cli-three"
+
+
+def _consume_running(daemon, topic: str, *args) -> subprocess.Popen:
+    """`consume TOPIC --from-beginning ARGS` with no end, once it printed its first line."""
+    state_dir, ns = daemon
+    proc = subprocess.Popen([sys.executable, "-m", "actors.tools.cli", "consume", topic,
+                             "--from-beginning", *args, "--namespace", ns],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(state_dir), cwd=ROOT)
+    assert proc.stdout.readline() == b"a\n"
+    return proc
+
+
+def test_consume_ends_when_its_output_pipe_closes_while_idle(daemon, three_records):
+    """`consume | head -1`: once the reader of its stdout is gone, a consume with nothing
+    more to print exits 0 within moments instead of waiting for a next record forever."""
+    proc = _consume_running(daemon, three_records)
+    try:
+        proc.stdout.close()
+        assert proc.wait(timeout=20) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_ends_consume_quietly(daemon, three_records):
+    """SIGTERM (`kill`, `timeout`) ends a running `consume` with exit 143 and nothing on
+    stderr: no stack dump from Ray's failure signal handler."""
+    proc = _consume_running(daemon, three_records)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        err = proc.stderr.read().decode()
+        assert code == 143 and err == "", (code, err)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
     """Bad topic names, impossible replication, unknown topics, bad configs, bad
     arguments and ACLs on a cluster without an authorizer each print one line and exit
@@ -156,6 +204,38 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
                           "exactly one resource")
     assert_one_line_error(cli(daemon, "acls", "add", "User:a", "--operation", "read",
                               "--topic", "t"), 1, "SecurityDisabledError")
+
+
+def test_produce_with_an_empty_key_separator_is_a_usage_error(daemon):
+    """`produce --key-separator ''` exits 2 with one line naming the option (it was a
+    ValueError from bytes.partition)."""
+    assert_one_line_error(cli(daemon, "produce", "cli-io", "--key-separator", "",
+                              stdin=b"k v\n"), 2, "--key-separator")
+
+
+def test_topics_delete_refuses_the_offsets_topic(daemon):
+    """`topics delete __consumer_offsets` exits 1 with InvalidTopicError, as Kafka's
+    kafka-topics refuses an internal topic: it would drop every group's offsets."""
+    assert_one_line_error(cli(daemon, "topics", "delete", "__consumer_offsets"), 1,
+                          "InvalidTopicError", "internal")
+
+
+def test_perf_consume_of_an_unknown_topic_is_one_line_without_a_progress_bar(daemon):
+    """`perf consume` of a missing topic prints only the UnknownTopicOrPartitionError line,
+    exit 1: no progress bar is drawn before the topic is known."""
+    proc = cli(daemon, "perf", "consume", "--topic", "no-such-topic", "--num-records", "10")
+    assert_one_line_error(proc, 1, "UnknownTopicOrPartitionError", "no-such-topic")
+    assert proc.stderr.decode().startswith("raykafka: "), proc.stderr.decode()
+
+
+def test_groups_describe_on_a_fresh_cluster_waits_for_the_offsets_topic(daemon):
+    """The first `groups describe` of a cluster, which creates the offsets topic, answers
+    GroupIdNotFoundError for an unknown group, not CoordinatorNotAvailableError while the
+    new topic's partitions get their leaders."""
+    topics = cli(daemon, "topics", "list").stdout.decode().split()
+    assert "__consumer_offsets" not in topics, "run this before any group is used"
+    assert_one_line_error(cli(daemon, "groups", "describe", "first-group"), 1,
+                          "GroupIdNotFoundError", "first-group")
 
 
 def test_consume_with_a_group_commits_and_groups_describe_shows_no_lag(daemon):

@@ -438,6 +438,20 @@ def test_incremental_config_ops_follow_kafkas_rules():
             apply_config_ops(config, ops)
 
 
+def test_an_unknown_topic_config_is_refused_with_every_accepted_name():
+    """An unknown topic config name is InvalidConfigurationError listing every name a topic
+    accepts, min.insync.replicas and unclean.leader.election.enable included (no cluster)."""
+    from actors.errors import InvalidConfigurationError
+    from actors.server.admin_manager import _validate_log_config
+    _validate_log_config({"min.insync.replicas": "2", "retention.ms": "1"})
+    with pytest.raises(InvalidConfigurationError) as info:
+        _validate_log_config({"retention.ms": "1", "no.such.config": "1"})
+    known = str(info.value).split("known: ")[1].split(", ")
+    assert "'no.such.config'" in str(info.value)
+    assert {"min.insync.replicas", "unclean.leader.election.enable", "retention.ms"} <= \
+        set(known)
+
+
 def test_describe_configs_never_shows_the_brokers_secrets():
     """A broker's secrets (sasl.jaas.config, also listener-scoped, ssl.key.password,
     zookeeper.auth.digest) are described as Kafka describes PASSWORD configs: value null,

@@ -468,6 +468,9 @@ class Admin:
         from ..errors import GroupIdNotFoundError
         from .group import GroupMember
         member = GroupMember(self.cluster.metadata, group)
+        # the lookup waits as long as any admin call: on a fresh cluster it creates the
+        # offsets topic, whose partitions need a few seconds to get their leaders
+        self._retry_group(member.coordinator)
         wait_s = COORDINATOR_ANSWER_TIMEOUT_S
         try:
             desc = self._retry_group(lambda: member._call("describe_group", group,

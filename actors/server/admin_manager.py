@@ -55,6 +55,11 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 def _validate_log_config(config: dict) -> None:
     """InvalidConfigurationError for an unknown name or a bad value."""
+    known = set(LogConfig().to_properties()) | NON_LOG_TOPIC_CONFIGS
+    unknown = sorted(set(config) - known)
+    if unknown:     # the whole list, min.insync.replicas included (LogConfig's lacks it)
+        raise InvalidConfigurationError(
+            f"unknown topic config {unknown[0]!r}; known: {', '.join(sorted(known))}")
     LogConfig.from_properties({k: v for k, v in config.items()
                                if k not in NON_LOG_TOPIC_CONFIGS})
     if "min.insync.replicas" in config:

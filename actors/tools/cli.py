@@ -70,7 +70,30 @@ def connect(namespace: str):
     # stdout is this command's output (records, tables, JSON): Ray's own messages go to
     # stderr (docs/ray-notes.md)
     raycompat.ray_messages_to_stderr()
+    _exit_on_sigterm()
     return Cluster.connect(namespace)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``timeout``) ends the command quietly with exit 143, its
+    ``finally`` blocks run (a group member commits and leaves), instead of the failure
+    handler Ray installed when attaching, which prints a C++ stack dump to stderr."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
+def _output_closed(out) -> bool:
+    """True when ``out`` is a pipe whose reader has gone (``consume ... | head`` after
+    ``head`` exited): an idle consume notices it now, not at its next record."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(out.fileno(), 0)    # 0: only POLLERR / POLLHUP are reported
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):           # not a real file descriptor
+        return False
 
 
 def _start_embedded(brokers: int = 3):
@@ -79,6 +102,7 @@ def _start_embedded(brokers: int = 3):
     from ..cluster import Cluster
     raycompat.init_local("raykafka-embedded")
     raycompat.ray_messages_to_stderr()
+    _exit_on_sigterm()
     ns = f"embedded-{os.getpid()}"
     return Cluster.start(num_brokers=brokers, namespace=ns)
 
@@ -396,6 +420,11 @@ def _off(value) -> str:
 
 def cmd_topics_delete(args) -> int:
     _check_topic_name(args.name)
+    from ..errors import InvalidTopicError
+    from ..protocol import OFFSETS_TOPIC
+    if args.name == OFFSETS_TOPIC:      # as Kafka's kafka-topics --delete refuses it
+        raise InvalidTopicError(f"topic {OFFSETS_TOPIC!r} is internal (every group's "
+                                f"committed offsets) and cannot be deleted")
     connect(args.namespace).admin().delete_topic(args.name)
     print(f"Deleted topic {args.name}.")
     return 0
@@ -442,6 +471,8 @@ def _stdin_chunks(stream, limit: int):
 
 def cmd_produce(args) -> int:
     _check_topic_name(args.topic)
+    if args.key_separator == "":
+        raise UsageError("--key-separator needs at least one character")
     cluster = connect(args.namespace)
     cluster.metadata.partitions_for(args.topic)  # unknown topic: a clear error before reading
     sep = args.key_separator.encode() if args.key_separator is not None else None
@@ -511,8 +542,8 @@ def _consume_group(args) -> int:
             out.flush()
             if got:
                 idle_since = time.monotonic()
-            elif args.timeout_ms is not None and \
-                    (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+            elif _output_closed(out) or (args.timeout_ms is not None and (
+                    time.monotonic() - idle_since) * 1000 >= args.timeout_ms):
                 break
         consumer.commit()
     finally:
@@ -551,8 +582,8 @@ def cmd_consume(args) -> int:
         if any_new:
             idle_since = time.monotonic()
         else:
-            if args.timeout_ms is not None and \
-                    (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+            if _output_closed(out) or (args.timeout_ms is not None and (
+                    time.monotonic() - idle_since) * 1000 >= args.timeout_ms):
                 break
             time.sleep(0.1)
     _err(f"Processed a total of {count} messages")
@@ -757,6 +788,8 @@ def cmd_perf_consume(args) -> int:
             perf.ensure_topic(cluster, args.topic, partitions=args.partitions, create=True)
             perf.fill(cluster, args.topic, num_records=args.num_records,
                       record_size=args.record_size)
+        else:       # an unknown topic: one error line, before the progress bar starts
+            cluster.metadata.partitions_for(args.topic)
         result = perf.consume(cluster, args.topic, num_records=args.num_records)
     finally:
         if args.embedded:
