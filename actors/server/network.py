@@ -458,8 +458,7 @@ class SocketServer:
                     self._handshake_wait(conn, selectors.EVENT_WRITE)
                     return
             except OSError as exc:
-                self._stats["tls_failed"] += 1
-                self._close(conn, f"TLS handshake failed: {exc}")
+                self._handshake_failed(conn, f"TLS handshake failed: {exc}")
                 return
             try:
                 tls.obj.do_handshake()
@@ -467,14 +466,13 @@ class SocketServer:
             except ssl.SSLWantReadError:
                 pass
             except (ssl.SSLError, ValueError) as exc:
-                self._stats["tls_failed"] += 1
                 tls.take_output()           # the alert that tells the client why
                 if tls.raw is not None:
                     try:
                         conn.sock.send(tls.raw)
                     except OSError:
                         pass
-                self._close(conn, f"TLS handshake failed: {exc}")
+                self._handshake_failed(conn, f"TLS handshake failed: {exc}")
                 return
             tls.take_output()
             if tls.raw is not None:
@@ -485,12 +483,10 @@ class SocketServer:
                 self._handshake_wait(conn, selectors.EVENT_READ)
                 return
             except OSError as exc:
-                self._stats["tls_failed"] += 1
-                self._close(conn, f"TLS handshake failed: {exc}")
+                self._handshake_failed(conn, f"TLS handshake failed: {exc}")
                 return
             if n == 0:
-                self._stats["tls_failed"] += 1
-                self._close(conn, "closed by the peer during the TLS handshake")
+                self._handshake_failed(conn, "closed by the peer during the TLS handshake")
                 return
             tls.incoming.write(memoryview(self._tls_scratch)[:n])
         tls.take_output()                   # e.g. TLS 1.3 session tickets: sent by _write
@@ -505,6 +501,10 @@ class SocketServer:
         if tls.raw is not None:
             self._write(conn)
         self._update_interest(conn)
+
+    def _handshake_failed(self, conn: _Connection, why: str) -> None:
+        self._stats["tls_failed"] += 1
+        self._close(conn, why)
 
     def _handshake_wait(self, conn: _Connection, events: int) -> None:
         conn.handshake_events = events
