@@ -187,6 +187,33 @@ def test_no_response_requests_are_skipped_in_the_order(server_factory):
         assert _answers(sock, 2) == [(1, b"a"), (3, b"c")]
 
 
+@pytest.mark.parametrize("payload", [b"none", b"answer"], ids=["acks0", "answered"])
+def test_requests_received_before_the_peer_closes_are_all_handled(server_factory, payload):
+    """Requests a client wrote before closing its socket are handed to the handler, all of
+    them, even when the close arrives while the first is still inside it (Kafka's Selector
+    processes the receives staged before a disconnect): an acks=0 producer that closes
+    right after its last send loses nothing. Their answers are dropped."""
+    release, inside = threading.Event(), threading.Event()
+
+    class Slow(ScriptedHandler):
+        def handle(self, request):
+            if request.header.correlation_id == 0:
+                inside.set()
+                release.wait(10)
+            return super().handle(request)
+
+    handler = Slow()
+    server = server_factory(handler, io_threads=2)
+    sock = socket.create_connection(server.address, timeout=10)
+    sock.sendall(b"".join(_raw_request(i, payload=payload) for i in range(20)))
+    assert inside.wait(5)
+    sock.close()
+    release.set()
+    assert _wait(lambda: len(handler.seen) == 20), (len(handler.seen), server.stats())
+    assert handler.seen == list(range(20))
+    assert _wait(lambda: server.stats()["closed"] == 1)
+
+
 def test_a_connection_is_read_only_while_few_requests_are_unanswered(server_factory):
     """With max_queued_requests=4 and nothing answered, the server takes in 4 requests of
     the 12 written and no more until answers go out; then all 12 are answered."""

@@ -25,6 +25,9 @@ Invariants, per connection:
   request does not fit waits, unread, until memory is released (Kafka's memory pool);
 - a connection with nothing pending and no bytes moved for ``connections.max.idle.ms`` is
   closed; beyond ``max.connections`` a new connection is accepted and closed at once.
+- a client that closes (or resets) its connection, or whose socket can no longer be
+  written, still has every request it sent before that handled, in order (an acks=0
+  producer closes right after its last send); the answers are dropped.
 
 Bad input closes the connection, as Kafka does: a size below 0 or above the limit (before
 any allocation), a header that cannot be read, an ``InvalidRequestError`` from the handler
@@ -238,7 +241,8 @@ class _Connection:
     __slots__ = ("sock", "peer", "size_buf", "size_got", "body", "body_got", "inbox",
                  "slots", "busy", "out", "last_active", "closed", "want_write", "muted",
                  "registered", "waiting_size", "handshaking", "handshake_events",
-                 "authenticator", "principal", "closing", "tls")
+                 "authenticator", "principal", "closing", "tls", "peer_gone",
+                 "read_over")
 
     def __init__(self, sock: socket.socket, peer, now: float):
         self.sock = sock
@@ -263,6 +267,8 @@ class _Connection:
         self.principal = ANONYMOUS
         self.closing: str | None = None  # why: close once the output is written
         self.tls: _Tls | None = None    # TLS state (SSL and SASL_SSL listeners)
+        self.peer_gone: str | None = None  # why answers are dropped: the peer left
+        self.read_over = False          # the peer's end of the stream (or a read error)
 
     def pending(self) -> int:
         return len(self.slots)
@@ -593,7 +599,7 @@ class SocketServer:
         unanswered, while its next request waits for memory, nor while answers wait for
         the socket (a client that does not read its answers stops being read)."""
         return not conn.muted and conn.waiting_size is None and not conn.want_write and \
-            conn.closing is None
+            conn.closing is None and not conn.read_over
 
     def _update_interest(self, conn: _Connection) -> None:
         """Register for what the connection waits on: reads unless muted, writes while
@@ -632,10 +638,10 @@ class SocketServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self._close(conn, f"read failed: {exc}")
+                self._peer_left(conn, f"read failed: {exc}", read_over=True)
                 return
             if n == 0:
-                self._close(conn, "closed by the peer")
+                self._peer_left(conn, "closed by the peer", read_over=True)
                 return
             conn.last_active = self._clock()
             if conn.body is None:
@@ -658,6 +664,30 @@ class SocketServer:
                 frame, conn.body = conn.body, None
                 self._received(conn, memoryview(frame))
         self._note_tls_pending(conn)        # stopped at the bound with bytes decrypted
+
+    def _peer_left(self, conn: _Connection, why: str, *, read_over: bool) -> None:
+        """The peer closed (or reset) the connection, or it cannot be written. The requests
+        it sent before that are still handled, in order, as Kafka's Selector processes the
+        receives staged before a disconnect (an acks=0 producer closes right after its
+        last send); their answers are dropped. After a failed write the rest of what the
+        peer sent is read too (our side is shut for writing: a live peer sees the end of
+        the stream). The connection closes once its end is read and nothing is left."""
+        conn.read_over = conn.read_over or read_over
+        if conn.read_over and not conn.slots:
+            self._close(conn, why)
+            return
+        if conn.peer_gone is None:
+            conn.peer_gone = why
+            conn.out = []
+            if conn.tls is not None:
+                conn.tls.raw = None
+            if not read_over:
+                try:
+                    conn.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        conn.want_write = False
+        self._update_interest(conn)
 
     def _received(self, conn: _Connection, frame: memoryview) -> None:
         try:
@@ -845,12 +875,16 @@ class SocketServer:
         while conn.slots and conn.slots[0].done:
             slot = conn.slots.popleft()
             self._release(slot.size)
-            if slot.parts is not None:
+            if slot.parts is not None and conn.peer_gone is None:
                 conn.out.extend(slot.parts)
                 self._stats["responses"] += 1
         if conn.muted and len(conn.slots) < self.config.max_queued_requests:
             conn.muted = False
             self._update_interest(conn)
+        if conn.peer_gone is not None:
+            if conn.read_over and not conn.slots:
+                self._close(conn, conn.peer_gone)
+            return
         if conn.out:
             self._write(conn)
 
@@ -871,7 +905,7 @@ class SocketServer:
             except (BlockingIOError, InterruptedError):
                 break
             except (OSError, ValueError) as exc:      # ssl.SSLError is an OSError
-                self._close(conn, f"write failed: {exc}")
+                self._peer_left(conn, f"write failed: {exc}", read_over=False)
                 return
             conn.last_active = self._clock()
         if conn.closed:
