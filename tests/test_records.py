@@ -190,6 +190,24 @@ def test_multiple_batches_iter_and_decode():
     assert table.num_rows == 40 and table.column("offset").to_pylist() == list(range(40))
 
 
+@pytest.mark.parametrize("lengths", [[100] * 50, [0] * 7, [-1] * 9, [3, 40, 3, -1, 0, 40, 12, 3],
+                                     list(range(-1, 30))],
+                         ids=["one-length", "empty", "null", "few-lengths", "many-lengths"])
+def test_columns_of_any_value_lengths_hold_the_records_bytes(lengths):
+    """decode_columns' key and value columns equal decode_records' keys and values, nulls
+    and empty strings included, whether the values have one length, a few or many."""
+    values = [None if n < 0 else bytes((i + j) % 256 for j in range(n))
+              for i, n in enumerate(lengths)]
+    keys = list(reversed(values))
+    buf = build(values, keys=keys) + build(values[::-1], keys=keys[::-1],
+                                           base_offset=len(values))
+    cols = decode_columns(buf)
+    records = decode_records(buf)
+    assert cols["value"].type == cols["key"].type == pa.binary()
+    assert cols["value"].to_pylist() == [r.value for r in records] == values + values[::-1]
+    assert cols["key"].to_pylist() == [r.key for r in records]
+
+
 def test_build_argument_errors():
     """Bad arguments fail loudly with a typed error, not a corrupt batch."""
     with pytest.raises(ValueError):
