@@ -263,3 +263,20 @@ def test_readers_never_fail_while_the_cleaner_swaps_segments(tmp_path):
     for offsets in scans:
         assert set(range(10)) <= set(offsets), "a surviving record was missed"
     log.close()
+
+
+def test_count_records_of_a_compacted_log_is_what_a_read_gives(tmp_path):
+    """After compaction leaves gaps in the offsets, count_records of any range is the number
+    of records a read of it gives, not end - start."""
+    clock = FakeClock()
+    log = Log.open(str(tmp_path), _config(), clock=clock)
+    _fill(log, 30, 10, ts=clock.now_ms)
+    log.roll()
+    assert log.compact().cleaned
+    offsets = [off for off, _, _ in _records(log)]
+    leo = log.log_end_offset
+    assert len(offsets) < leo - log.log_start_offset
+    for start, end in ((log.log_start_offset, leo), (log.log_start_offset, leo // 2),
+                       (leo // 3, leo - 1), (leo - 15, leo)):
+        assert log.count_records(start, end) == sum(start <= o < end for o in offsets)
+    log.close()

@@ -741,3 +741,40 @@ def test_a_validated_leader_append_builds_no_columns(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+# -- counting records from batch headers ---------------------------------------------------
+def test_count_records_matches_what_a_read_of_the_range_gives(tmp_path):
+    """count_records(start, end) equals the number of records with offsets in [start, end)
+    that reading gives, for ranges cut mid-batch, across segments, compressed batches
+    included, and at the empty and whole-log ranges."""
+    from storage.records import CODEC_LZ4
+    with Log.open(str(tmp_path), LogConfig(segment_bytes=4096)) as log:
+        for i in range(40):
+            log.append(make_batch(1 + i % 7, compression=CODEC_LZ4 if i % 3 == 0 else 0))
+        assert len(log.segments) > 3
+        offsets = [r.offset for b in read_all(log) for r in kafka_records(b.data)]
+        leo = log.log_end_offset
+        rng = random.Random(7)
+        bounds = [(0, leo), (0, 0), (leo, leo), (5, 6)] + \
+            [tuple(sorted((rng.randrange(leo + 1), rng.randrange(leo + 1)))) for _ in range(40)]
+        for start, end in bounds:
+            want = sum(start <= o < end for o in offsets)
+            assert log.count_records(start, end) == want, (start, end)
+
+
+def test_count_records_leaves_control_batches_out_and_stops_at_max_batches(tmp_path):
+    """Records of a control batch are not counted (readers skip them); more batches than
+    max_batches gives None; bounds outside the log are OffsetOutOfRangeError."""
+    from storage.records import build
+    with Log.open(str(tmp_path)) as log:
+        log.append(make_batch(3))
+        log.append(build([b"\x00\x00\x00\x00"], keys=[b"\x00\x00\x00\x00"], is_control=True,
+                         is_transactional=True, producer_id=1, producer_epoch=0))
+        log.append(make_batch(2))
+        assert log.count_records(0, 6) == 5
+        assert log.count_records(0, 6, max_batches=3) == 5
+        assert log.count_records(0, 6, max_batches=2) is None
+        for start, end in ((-1, 3), (0, 7), (4, 2)):
+            with pytest.raises(OffsetOutOfRangeError):
+                log.count_records(start, end)

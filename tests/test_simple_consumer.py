@@ -132,3 +132,21 @@ def test_columns_match_records(md):
         seen[p] += t.column("value").to_pylist()
     assert seen[0] == [b"p0-%d" % i for i in range(120)]
     assert seen[1] == [b"p1-%d" % i for i in range(250, 300)]
+
+
+def test_count_records_asks_the_leader_replica_without_reading(md):
+    """count_records(topic, partition, start, end) is the number of records fetching that
+    range gives (ranges cut mid-batch included); None past max_batches; an end past the
+    high watermark or a bad argument is a typed error."""
+    fill(md, "counted", partitions=2, n=300)
+    consumer = SimpleConsumer(md)
+    assert consumer.count_records("counted", 0, 0, 300) == 300
+    assert consumer.count_records("counted", 1, 150, 251) == 101
+    assert consumer.count_records("counted", 1, 7, 7) == 0
+    assert consumer.count_records("counted", 0, 0, 300, max_batches=2) is None
+    with pytest.raises(OffsetOutOfRangeError):
+        consumer.count_records("counted", 0, 0, 301)
+    with pytest.raises(IllegalArgumentError):
+        consumer.count_records("counted", 0, 5, 4)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        consumer.count_records("counted", 9, 0, 1)

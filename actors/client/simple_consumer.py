@@ -20,6 +20,9 @@ the cached metadata; a steady fetch makes no Ray call).
   ListOffsets request. Other times, or more than one offset, are the seed's
   getOffsetsBefore (segment boundaries, which ListOffsets v1+ cannot express): one Ray call
   to the leader replica, as before.
+- ``count_records(topic, partition, start, end, max_batches=None)``: how many records a
+  read of [start, end) gives, from the leader replica's batch headers (a Ray call; no
+  record moves): what a pushed-down ``count()`` of ``read_topic_df`` answers with.
 - ``fetch_columns`` / ``multifetch_columns`` / ``iter_columns``: the same reads decoded
   straight into a pyarrow Table (offset, timestamp, timestamp_type, key, value, headers):
   the bulk path.
@@ -243,6 +246,26 @@ class SimpleConsumer:
             return [self._list_offset(topic, partition, time_ms)]
         return list(self._call_replica(topic, partition, "list_offsets", time_ms,
                                        max_offsets))
+
+    def count_records(self, topic: str, partition: int, start: int, end: int, *,
+                      max_batches: int | None = None) -> int | None:
+        """How many records a read of offsets [start, end) of ``topic-partition`` gives
+        (control batches left out; gaps a compaction left not counted), counted by the
+        leader replica from its batch headers without moving the records (one Ray call);
+        None when the range holds more than ``max_batches`` batches. ``end`` at most the
+        high watermark (OffsetOutOfRangeError past it, or with ``start`` below the log
+        start)."""
+        _check_tp(topic, partition)
+        for name, value in (("start", start), ("end", end)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise IllegalArgumentError(f"{name} must be an int >= 0, got {value!r}")
+        if start > end:
+            raise IllegalArgumentError(f"start {start} is after end {end}")
+        if max_batches is not None and (isinstance(max_batches, bool) or
+                                        not isinstance(max_batches, int) or max_batches < 1):
+            raise IllegalArgumentError(f"max_batches must be an int >= 1 or None, got "
+                                       f"{max_batches!r}")
+        return self._call_replica(topic, partition, "count_records", start, end, max_batches)
 
     # -- plumbing --------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -520,6 +520,17 @@ class PartitionReplica:
         self._require_leader_for_reads()
         return self.log.offset_for_time(timestamp_ms)
 
+    def count_records(self, start: int, end: int, max_batches: int | None = None
+                      ) -> int | None:
+        """How many committed records have offsets in [start, end) (``Log.count_records``:
+        batch headers only; None past ``max_batches`` headers). OffsetOutOfRangeError for
+        an end past the high watermark."""
+        self._require_leader_for_reads()
+        hw = self.high_watermark
+        if isinstance(end, int) and not isinstance(end, bool) and end > hw:
+            raise OffsetOutOfRangeError(f"end offset {end} is past the high watermark {hw}")
+        return self.log.count_records(start, end, max_batches=max_batches)
+
     def delete_records_before(self, offset: int) -> int:
         self._require_leader()
         try:
