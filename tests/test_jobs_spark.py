@@ -387,12 +387,34 @@ def test_the_jvm_reader_gives_the_python_readers_rows_whole_and_from_inside_batc
         [plain_record(p, i) for p in range(PARTS) for i in range(PER_PART)]
 
 
-def test_count_groupby_and_sum_decode_only_the_columns_they_use(spark, cluster):
-    """Through the JVM reader a count() asks its scan for no column, a
-    groupBy("partition").count() for partition only (a constant per range) and
-    sum(length(value)) for value only (the scan's description lists what it decodes), and
-    each answers what the full rows say, also for a range inside batches."""
+def test_counts_are_answered_from_the_leaders_batch_headers_without_reading(spark, cluster):
+    """A count(), a count grouped by partition or by topic and partition, and a count of
+    offsets are pushed into the JVM reader's scan (its description says so) and answered
+    from the counts read_topic_df took from the leaders' batch headers: the same numbers as
+    counting the rows, for a range that starts and ends inside batches. A count behind a
+    filter is not pushed down and still right."""
     df = read_topic_df(spark, cluster, "plain", 3, 33)
+    assert "pushed: COUNT, from" in plan(df.groupBy().count()), plan(df.groupBy().count())
+    assert df.count() == PARTS * 30
+    by_partition = df.groupBy("partition").count()
+    assert "pushed: COUNT GROUP BY partition" in plan(by_partition), plan(by_partition)
+    assert sorted(map(tuple, by_partition.collect())) == [(p, 30) for p in range(PARTS)]
+    by_both = df.groupBy("topic", "partition").agg(F.count("*").alias("n"),
+                                                   F.count("offset").alias("m"))
+    assert "pushed: COUNT GROUP BY topic,partition" in plan(by_both), plan(by_both)
+    assert sorted(map(tuple, by_both.collect())) == [("plain", p, 30, 30) for p in range(PARTS)]
+    odd = df.filter(F.col("offset") % 2 == 1)
+    assert "pushed" not in plan(odd.groupBy().count())
+    assert odd.count() == PARTS * 15
+    assert read_topic_df(spark, cluster, "plain").count() == PARTS * PER_PART
+
+
+def test_count_groupby_and_sum_decode_only_the_columns_they_use(spark, cluster):
+    """Without counts (a read with timeout_ms takes none) a count() asks the JVM reader's
+    scan for no column, a groupBy("partition").count() for partition only (a constant per
+    range) and sum(length(value)) for value only (the scan's description lists what it
+    decodes), and each answers what the full rows say, also for a range inside batches."""
+    df = read_topic_df(spark, cluster, "plain", 3, 33, timeout_ms=600_000)
     count = df.groupBy().count()
     assert "columns: ]" in plan(count), plan(count)
     assert count.collect()[0][0] == PARTS * 30
