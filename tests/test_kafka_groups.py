@@ -450,6 +450,11 @@ def test_admin_clients_list_describe_and_delete_groups(cluster, request):
         assert {m[0] for m in members} == set(want)
         with pytest.raises(ck.KafkaException, match="NON_EMPTY_GROUP"):
             admin.delete_consumer_groups([group])[group].result(30)
+        # each member commits right after the poll that read its records: all read, all
+        # committed once the members stop
+        wait_until(lambda: {(p, o) for m in (a, b) for p, o, _ in m.records}
+                   >= {(p, o) for p in range(PARTITIONS) for o in range(5)},
+                   timeout_s=60, what="every record read")
     finally:
         _stop_all(a, b)
     wait_until(lambda: cluster.admin().describe_group(group)["state"] == "Empty",
