@@ -395,10 +395,31 @@ def _alive(pid: int) -> bool:
 
 
 def test_commands_without_a_running_cluster_fail_fast_and_clearly(tmp_path):
-    """With no cluster in the namespace, status/topics/stop say so in one line."""
+    """With no cluster in the namespace, status/topics/stop say so in one line; a command
+    that attaches also says how to start one or find one (RAY_ADDRESS)."""
     for args in (("status",), ("topics", "list"), ("stop",)):
         out = run_cli(str(tmp_path), *args, "--namespace", "nothing-here", timeout=60)
-        assert_one_line_error(out, 1, "no raykafka cluster runs")
+        assert_one_line_error(out, 1, "no raykafka cluster runs", "ClusterNotFoundError")
+    out = run_cli(str(tmp_path), "topics", "list", "--namespace", "nothing-here", timeout=60)
+    assert_one_line_error(out, 1, "raykafka start --namespace nothing-here", "RAY_ADDRESS")
+
+
+def test_cluster_connect_without_a_cluster_fails_at_once_and_attaches_to_no_ray(tmp_path):
+    """Cluster.connect of a namespace with no state file and no RAY_ADDRESS, in a fresh
+    Python: ClusterNotFoundError within seconds and Ray never initialised (it attached to
+    Ray's "auto": whichever Ray ran on this machine, or a wait of minutes)."""
+    code = ("import ray; from actors import Cluster; from actors.errors import "
+            "ClusterNotFoundError\n"
+            "try:\n    Cluster.connect('nothing-here')\n"
+            "except ClusterNotFoundError as exc:\n    print('raised', ray.is_initialized(), exc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                         env=_env(str(tmp_path)), cwd=ROOT)
+    text = out.stdout.decode()
+    assert out.returncode == 0 and text.startswith("raised False "), \
+        (text, out.stderr.decode()[-2000:])
+    assert "RAY_ADDRESS" in text and "raykafka start" in text, text
+
+
 
 
 def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):

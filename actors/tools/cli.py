@@ -52,21 +52,17 @@ def _err(text: str) -> None:
 def connect(namespace: str):
     """``Cluster.connect`` to the cluster ``raykafka start`` left running in ``namespace``.
 
-    Checks the state file first, so that "nothing runs" is a fast, clear error instead of a
-    Ray attach that waits for a GCS that is not there; then attaches quietly (no Ray INFO
-    lines on the terminal). RAY_ADDRESS, when set, is used if there is no state file (a
-    cluster started inside an existing Ray cluster).
+    A stale state file (its daemon gone) is removed first; then the attach is
+    ``Cluster.connect``'s (``raycompat.init_attach``): the Ray the state file names, else
+    RAY_ADDRESS (a cluster started inside an existing Ray cluster), else a fast, clear
+    ClusterNotFoundError; quietly (no Ray INFO lines on the terminal).
     """
     from .. import raycompat
     from . import daemon
     from ..cluster import Cluster
-    ray = raycompat.ray
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        state = daemon.live_state(namespace)
-        if state is not None or not address:
-            address = daemon.require_ready(namespace)["ray_address"]
-        raycompat.attach(address, namespace, auth_mode=(state or {}).get("ray_auth_mode"))
+    if not raycompat.ray.is_initialized():
+        daemon.live_state(namespace)
+    raycompat.init_attach(namespace)
     # stdout is this command's output (records, tables, JSON): Ray's own messages go to
     # stderr (docs/ray-notes.md)
     raycompat.ray_messages_to_stderr()
