@@ -420,6 +420,15 @@ def test_cluster_connect_without_a_cluster_fails_at_once_and_attaches_to_no_ray(
     assert "RAY_ADDRESS" in text and "raykafka start" in text, text
 
 
+def test_version_prints_the_project_version(tmp_path):
+    """`raykafka --version` and `-V` print "raykafka <pyproject.toml's version>", exit 0."""
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    for flag in ("--version", "-V"):
+        out = run_cli(str(tmp_path), flag, timeout=60)
+        assert out.returncode == 0, out.stderr.decode()
+        assert out.stdout.decode() == f"raykafka {version}\n"
 
 
 def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):

@@ -44,6 +44,25 @@ def _repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def version() -> str:
+    """raykafka's version: the ``pyproject.toml`` of the source tree this code runs from (a
+    checkout on PYTHONPATH), else the installed package's metadata."""
+    path = os.path.join(_repo_root(), "pyproject.toml")
+    try:
+        import tomllib
+        with open(path, "rb") as f:
+            project = tomllib.load(f).get("project", {})
+        if project.get("name") == "raykafka" and project.get("version"):
+            return str(project["version"])
+    except (OSError, ValueError):
+        pass
+    from importlib import metadata
+    try:
+        return metadata.version("raykafka")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -875,6 +894,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
     p = _Parser(prog="raykafka", description="A Kafka-design commit log on Ray.")
+    p.add_argument("-V", "--version", action="version", version=f"raykafka {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
