@@ -188,8 +188,8 @@ GCS_PROBE_TIMEOUT_S = 5.0
 def _require_listening(address: str) -> None:
     """ClusterNotFoundError at once when nothing accepts a TCP connection at a
     ``host:port`` GCS address (a stale state file, a wrong RAY_ADDRESS): ``ray.init``
-    would retry it for minutes (over 3 min for 127.0.0.1:1 with Ray 2.60) and ignore
-    SIGTERM meanwhile. "auto" and ``ray://`` addresses are left to Ray."""
+    retries it for minutes (127.0.0.1:1 with Ray 2.60: still retrying when ``timeout 200``
+    ended it). "auto" and ``ray://`` addresses are left to Ray."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "://" in address:
         return
