@@ -280,13 +280,24 @@ class Cluster:
 
     @classmethod
     def connect(cls, namespace: str = "raykafka") -> "Cluster":
+        """Attach to the cluster running in ``namespace``, from any driver, task or actor.
+
+        Which Ray: the one this process is attached to already (it called ``ray.init``
+        itself, or it is a Ray task or actor); else the one ``raykafka start`` recorded in
+        the state file ``~/.raykafka/<namespace>.json``; else ``RAY_ADDRESS`` (``ray job
+        submit`` sets it). With none of these it raises ClusterNotFoundError at once,
+        saying how to start or find one: it never tries Ray's "auto", which on a shared
+        machine finds whichever Ray started there last, maybe another user's. The head node
+        of a ``ray up`` cluster (cluster.yaml) has the state file its daemon wrote; set
+        ``RAY_ADDRESS=auto`` to ask for Ray's "auto" explicitly."""
         raycompat.init_attach(namespace)
         try:
             info_actor = ray.get_actor(INFO_ACTOR, namespace=namespace)
         except ValueError:
             raise ClusterNotFoundError(
-                f"no raykafka cluster runs in namespace {namespace!r} (start one with "
-                f"`raykafka start` or Cluster.start)") from None
+                f"no raykafka cluster runs in namespace {namespace!r} on the Ray at "
+                f"{ray.get_runtime_context().gcs_address} (start one with `raykafka start` "
+                f"or Cluster.start)") from None
         info = ray.get(info_actor.get.remote(), timeout=30)
         return cls(info, owned=False, info_actor=info_actor)
 

@@ -18,7 +18,8 @@ of the moment Ray was imported, so the import order of ``ray`` and ``actors`` do
   else runs on the machine.
 - ``Cluster.connect`` attaches to the Ray that ``raykafka start`` left running, whose address
   (and auth mode) is in the state file ``~/.raykafka/<namespace>.json``, or to
-  ``RAY_ADDRESS`` / "auto".
+  ``RAY_ADDRESS``; with neither it fails at once (``attach_address``), never tries Ray's
+  "auto" (on a shared machine: another user's Ray, or a wait of minutes for one that is gone).
 """
 
 from __future__ import annotations
@@ -113,12 +114,50 @@ def _agent_port(port: int | None):
 
 
 def init_attach(namespace: str) -> None:
-    """Attach to a running Ray (the one ``raykafka start`` recorded, else RAY_ADDRESS/auto)."""
+    """Attach this process to the Ray of ``namespace``'s cluster, unless it is attached
+    already (a driver that called ``ray.init`` itself; a Ray task or actor): the Ray the
+    state file of ``raykafka start`` records, else ``RAY_ADDRESS`` (``attach_address``)."""
     if ray.is_initialized():
         return
-    state = read_state(namespace) or {}
-    address = state.get("ray_address") or os.environ.get("RAY_ADDRESS") or "auto"
-    attach(address, namespace, auth_mode=state.get("ray_auth_mode"))
+    from .errors import ClusterNotFoundError
+    state = read_state(namespace)
+    address = attach_address(namespace, state, os.environ.get("RAY_ADDRESS"))
+    try:
+        attach(address, namespace, auth_mode=(state or {}).get("ray_auth_mode"))
+    except ClusterNotFoundError as exc:
+        source = (f"the state file {state_path(namespace)}"
+                  if (state or {}).get("ray_address") == address else "RAY_ADDRESS")
+        raise ClusterNotFoundError(f"{exc} (the address is from {source})") from None
+
+
+def attach_address(namespace: str, state: dict | None, ray_address_env: str | None) -> str:
+    """Where a process with no Ray yet attaches for ``namespace``: the Ray address in its
+    state file (``state``; the ``raykafka start`` daemon writes it once ready, on a
+    ``ray up`` head too), else ``RAY_ADDRESS`` (``ray_address_env``; what Ray sets for a
+    ``ray job submit`` job). Raises ClusterNotFoundError with neither.
+
+    Never Ray's "auto": it takes whichever Ray last started on this machine (Ray's
+    ``/tmp/ray/ray_current_cluster``), on a shared machine another user's, and waits
+    minutes when that Ray is gone. Whoever wants it says so: ``RAY_ADDRESS=auto``."""
+    from .errors import ClusterNotFoundError
+    if state and state.get("ray_address"):
+        return state["ray_address"]
+    if ray_address_env:
+        return ray_address_env
+    if state:
+        raise ClusterNotFoundError(f"the cluster in namespace {namespace!r} is "
+                                   f"{state.get('status')} (pid {state.get('pid')}), not "
+                                   f"ready yet; try again")
+    raise ClusterNotFoundError(not_found_message(namespace))
+
+
+def not_found_message(namespace: str) -> str:
+    """What to do when nothing says where ``namespace``'s cluster runs (one line)."""
+    return (f"no raykafka cluster runs in namespace {namespace!r} as far as this machine "
+            f"knows: no state file {state_path(namespace)} (`raykafka start` writes it) and "
+            f"RAY_ADDRESS is not set; start one with `raykafka start --namespace {namespace}` "
+            f"(or Cluster.start(namespace={namespace!r})), or set RAY_ADDRESS to the address "
+            f"of the Ray it runs on")
 
 
 def attach(address: str, namespace: str, *, auth_mode: str | None = None, **kwargs) -> None:
@@ -129,6 +168,7 @@ def attach(address: str, namespace: str, *, auth_mode: str | None = None, **kwar
     attach then waits minutes for a GCS "at 192.0.2.x". Loopback heads get a loopback driver.
     ``auth_mode`` ("token" / "disabled") is the cluster's, when known (the state file has it).
     """
+    _require_listening(address)
     if address.split(":")[0] in LOOPBACK_HOSTS:
         _loopback()
         kwargs.setdefault("_node_ip_address", "127.0.0.1")
@@ -139,6 +179,28 @@ def attach(address: str, namespace: str, *, auth_mode: str | None = None, **kwar
     except (ConnectionError, RuntimeError) as exc:
         from .errors import ClusterNotFoundError
         raise ClusterNotFoundError(f"no Ray cluster to attach to at {address!r}: {exc}") from None
+
+
+#: How long ``attach`` waits for a TCP connection to a GCS before calling its address dead.
+GCS_PROBE_TIMEOUT_S = 5.0
+
+
+def _require_listening(address: str) -> None:
+    """ClusterNotFoundError at once when nothing accepts a TCP connection at a
+    ``host:port`` GCS address (a stale state file, a wrong RAY_ADDRESS): ``ray.init``
+    retries it for minutes (127.0.0.1:1 with Ray 2.60: still retrying when ``timeout 200``
+    ended it). "auto" and ``ray://`` addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)),
+                                      timeout=GCS_PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        from .errors import ClusterNotFoundError
+        raise ClusterNotFoundError(f"no Ray answers at {address!r} "
+                                   f"({exc.strerror or type(exc).__name__})") from None
 
 
 def ray_messages_to_stderr() -> None:

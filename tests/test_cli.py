@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +35,10 @@ def run_cli(state_dir: str, *args, stdin: bytes | None = None, timeout: float = 
                           capture_output=True, timeout=timeout, env=_env(state_dir), cwd=ROOT)
 
 
+#: Every error line: argparse's form, ``raykafka <command>: error: <message>``.
+ERROR_LINE = re.compile(r"raykafka( [a-z-]+)*: error: ")
+
+
 def assert_one_line_error(proc, code: int, *needles: str):
     err = proc.stderr.decode()
     assert proc.returncode == code, (proc.returncode, err)
@@ -41,6 +46,7 @@ def assert_one_line_error(proc, code: int, *needles: str):
     assert "\r" not in err, err        # no progress bar drawn before the error
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
+    assert ERROR_LINE.match(lines[0]), lines[0]
     for needle in needles:
         assert needle in lines[0], lines[0]
 
@@ -206,6 +212,24 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
                               "--topic", "t"), 1, "SecurityDisabledError")
 
 
+def test_every_error_line_names_its_command_in_argparse_form(daemon):
+    """Errors of parsing, of arguments found wrong later, typed errors and a command's own
+    failures all read ``raykafka <command>: error: ...`` (they were "raykafka: error:",
+    "raykafka: Name:" and bare lines)."""
+    for args, code, start in (
+            (("topics", "create", "x", "--partitions", "0", "--replication-factor", "1"), 2,
+             "raykafka topics create: error: argument --partitions"),
+            (("produce", "t", "--key-separator", ""), 2,
+             "raykafka produce: error: --key-separator"),
+            (("topics", "describe", "no-such-topic"), 1,
+             "raykafka topics describe: error: UnknownTopicOrPartitionError"),
+            (("users", "delete", "no-such-user"), 1,
+             "raykafka users delete: error: no user 'no-such-user'")):
+        proc = cli(daemon, *args)
+        assert_one_line_error(proc, code)
+        assert proc.stderr.decode().startswith(start), proc.stderr.decode()
+
+
 def test_produce_with_an_empty_key_separator_is_a_usage_error(daemon):
     """`produce --key-separator ''` exits 2 with one line naming the option (it was a
     ValueError from bytes.partition)."""
@@ -225,7 +249,8 @@ def test_perf_consume_of_an_unknown_topic_is_one_line_without_a_progress_bar(dae
     exit 1: no progress bar is drawn before the topic is known."""
     proc = cli(daemon, "perf", "consume", "--topic", "no-such-topic", "--num-records", "10")
     assert_one_line_error(proc, 1, "UnknownTopicOrPartitionError", "no-such-topic")
-    assert proc.stderr.decode().startswith("raykafka: "), proc.stderr.decode()
+    assert proc.stderr.decode().startswith("raykafka perf consume: error: "), \
+        proc.stderr.decode()
 
 
 def test_groups_describe_on_a_fresh_cluster_waits_for_the_offsets_topic(daemon):
@@ -395,10 +420,40 @@ def _alive(pid: int) -> bool:
 
 
 def test_commands_without_a_running_cluster_fail_fast_and_clearly(tmp_path):
-    """With no cluster in the namespace, status/topics/stop say so in one line."""
+    """With no cluster in the namespace, status/topics/stop say so in one line; a command
+    that attaches also says how to start one or find one (RAY_ADDRESS)."""
     for args in (("status",), ("topics", "list"), ("stop",)):
         out = run_cli(str(tmp_path), *args, "--namespace", "nothing-here", timeout=60)
-        assert_one_line_error(out, 1, "no raykafka cluster runs")
+        assert_one_line_error(out, 1, "no raykafka cluster runs", "ClusterNotFoundError")
+    out = run_cli(str(tmp_path), "topics", "list", "--namespace", "nothing-here", timeout=60)
+    assert_one_line_error(out, 1, "raykafka start --namespace nothing-here", "RAY_ADDRESS")
+
+
+def test_cluster_connect_without_a_cluster_fails_at_once_and_attaches_to_no_ray(tmp_path):
+    """Cluster.connect of a namespace with no state file and no RAY_ADDRESS, in a fresh
+    Python: ClusterNotFoundError within seconds and Ray never initialised (it attached to
+    Ray's "auto": whichever Ray ran on this machine, or a wait of minutes)."""
+    code = ("import ray; from actors import Cluster; from actors.errors import "
+            "ClusterNotFoundError\n"
+            "try:\n    Cluster.connect('nothing-here')\n"
+            "except ClusterNotFoundError as exc:\n    print('raised', ray.is_initialized(), exc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                         env=_env(str(tmp_path)), cwd=ROOT)
+    text = out.stdout.decode()
+    assert out.returncode == 0 and text.startswith("raised False "), \
+        (text, out.stderr.decode()[-2000:])
+    assert "RAY_ADDRESS" in text and "raykafka start" in text, text
+
+
+def test_version_prints_the_project_version(tmp_path):
+    """`raykafka --version` and `-V` print "raykafka <pyproject.toml's version>", exit 0."""
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    for flag in ("--version", "-V"):
+        out = run_cli(str(tmp_path), flag, timeout=60)
+        assert out.returncode == 0, out.stderr.decode()
+        assert out.stdout.decode() == f"raykafka {version}\n"
 
 
 def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):

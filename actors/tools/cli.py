@@ -4,9 +4,11 @@ Cluster commands (``start``, ``stop``, ``status``, ``topics``, ``produce``, ``co
 ``elect-leaders``, ``perf``) find the cluster of ``--namespace`` (default "raykafka") through
 the state file that ``raykafka start``'s daemon writes (see actors/daemon.py).
 
-Errors a user can make print one clear line on stderr and exit non-zero, without a traceback:
-argument errors exit 2, everything else 1 (130 on Ctrl-C). An unexpected internal error is
-also one line, unless ``RAYKAFKA_DEBUG=1`` asks for the traceback.
+Errors a user can make print one clear line on stderr and exit non-zero, without a traceback,
+all in argparse's form ``raykafka <command>: error: <message>`` (``_error``; a typed error's
+message starts with its name, ``ClusterNotFoundError: ...``): argument errors exit 2,
+everything else 1 (130 on Ctrl-C). An unexpected internal error is also one line, unless
+``RAYKAFKA_DEBUG=1`` asks for the traceback.
 """
 
 from __future__ import annotations
@@ -35,13 +37,43 @@ class UsageError(Exception):
     """A mistake in the arguments found after parsing (exit 2, one line)."""
 
 
+class CommandError(Exception):
+    """A command that could not do what it was asked, not a Kafka error (exit 1, one line):
+    a user or ACL to remove that is not there, a demo whose checks failed."""
+
+
+def _error(prog: str, message: str) -> None:
+    """The one form of every error line: argparse's ``<prog>: error: <message>``."""
+    _err(f"{prog}: error: {message}")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage dump: the contract for user mistakes
-        self.exit(EXIT_USAGE, f"raykafka: error: {message} (see --help)\n")
+        _error(self.prog, f"{message} (see {self.prog} --help)")
+        self.exit(EXIT_USAGE)
 
 
 def _repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def version() -> str:
+    """raykafka's version: the ``pyproject.toml`` of the source tree this code runs from (a
+    checkout on PYTHONPATH), else the installed package's metadata."""
+    path = os.path.join(_repo_root(), "pyproject.toml")
+    try:
+        import tomllib
+        with open(path, "rb") as f:
+            project = tomllib.load(f).get("project", {})
+        if project.get("name") == "raykafka" and project.get("version"):
+            return str(project["version"])
+    except (OSError, ValueError):
+        pass
+    from importlib import metadata
+    try:
+        return metadata.version("raykafka")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _err(text: str) -> None:
@@ -52,21 +84,17 @@ def _err(text: str) -> None:
 def connect(namespace: str):
     """``Cluster.connect`` to the cluster ``raykafka start`` left running in ``namespace``.
 
-    Checks the state file first, so that "nothing runs" is a fast, clear error instead of a
-    Ray attach that waits for a GCS that is not there; then attaches quietly (no Ray INFO
-    lines on the terminal). RAY_ADDRESS, when set, is used if there is no state file (a
-    cluster started inside an existing Ray cluster).
+    A stale state file (its daemon gone) is removed first; then the attach is
+    ``Cluster.connect``'s (``raycompat.init_attach``): the Ray the state file names, else
+    RAY_ADDRESS (a cluster started inside an existing Ray cluster), else a fast, clear
+    ClusterNotFoundError; quietly (no Ray INFO lines on the terminal).
     """
     from .. import raycompat
     from . import daemon
     from ..cluster import Cluster
-    ray = raycompat.ray
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        state = daemon.live_state(namespace)
-        if state is not None or not address:
-            address = daemon.require_ready(namespace)["ray_address"]
-        raycompat.attach(address, namespace, auth_mode=(state or {}).get("ray_auth_mode"))
+    if not raycompat.ray.is_initialized():
+        daemon.live_state(namespace)
+    raycompat.init_attach(namespace)
     # stdout is this command's output (records, tables, JSON): Ray's own messages go to
     # stderr (docs/ray-notes.md)
     raycompat.ray_messages_to_stderr()
@@ -702,8 +730,7 @@ def cmd_users(args) -> int:
         print(f"Set the {', '.join(mechanisms)} credentials of user {args.name}.")
     elif args.users_command == "delete":
         if not admin.delete_user(args.name):
-            _err(f"no user {args.name!r}")
-            return 1
+            raise CommandError(f"no user {args.name!r}")
         print(f"Deleted user {args.name}.")
     else:
         for name, mechanisms in sorted(admin.user_mechanisms().items()):
@@ -759,8 +786,7 @@ def cmd_acls(args) -> int:
     if admin.delete_acl(**binding):
         print(f"Removed: {_fmt_acl(binding)}")
         return 0
-    print(f"No such ACL: {_fmt_acl(binding)}", file=sys.stderr)
-    return 1
+    raise CommandError(f"no such ACL: {_fmt_acl(binding)}")
 
 
 def cmd_perf_produce(args) -> int:
@@ -834,7 +860,9 @@ def cmd_demo(args) -> int:
         from .demo import run
         summary = run(records=args.records or 200_000, partitions=args.partitions,
                       brokers=args.brokers, data_dir=args.data_dir)
-        return 0 if summary["ok"] else EXIT_ERROR
+        if not summary["ok"]:
+            raise CommandError("the demo's checks failed (DEMO FAILED above)")
+        return 0
     return _run_job("jobs.examples.etl", *_demo_job_args(args))
 
 
@@ -879,12 +907,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
     p = _Parser(prog="raykafka", description="A Kafka-design commit log on Ray.")
+    p.add_argument("-V", "--version", action="version", version=f"raykafka {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     def cmd(parent, name, func, help_, parents=(common,)):
         sp = parent.add_parser(name, help=help_, parents=list(parents))
-        sp.set_defaults(func=func)
+        sp.set_defaults(func=func, prog=sp.prog)   # its errors start "raykafka topics create:"
         return sp
 
     s = cmd(sub, "start", cmd_start, "start a local cluster in the background")
@@ -1159,23 +1188,27 @@ def main(argv: list[str] | None = None) -> int:
         # read where Ray and Spark are started, here and in the processes started from here
         from .._rayenv import VERBOSE_ENV
         os.environ[VERBOSE_ENV] = "1"
+    prog = args.prog
     try:
         return args.func(args)
     except UsageError as exc:
-        _err(f"raykafka: error: {exc}")
+        _error(prog, str(exc))
         return EXIT_USAGE
+    except CommandError as exc:
+        _error(prog, str(exc))
+        return EXIT_ERROR
     except KafkaError as exc:
-        _err(f"raykafka: {_one_line(exc)}")
+        _error(prog, _one_line(exc))
         return EXIT_ERROR
     except KeyboardInterrupt:
-        _err("raykafka: interrupted")
+        _err(f"{prog}: interrupted")
         return 130
     except BrokenPipeError:
         return 0
     except Exception as exc:  # noqa: BLE001 - Ray errors and bugs: one line unless asked
         if os.environ.get("RAYKAFKA_DEBUG"):
             raise
-        _err(f"raykafka: {_one_line(exc)} (RAYKAFKA_DEBUG=1 shows the traceback)")
+        _error(prog, f"{_one_line(exc)} (RAYKAFKA_DEBUG=1 shows the traceback)")
         return EXIT_ERROR
 
 

@@ -16,6 +16,7 @@ import tempfile
 import time
 
 from storage import Log, LogConfig
+from storage.errors import KafkaStorageError
 from storage.records import RecordBatch, decode_records
 
 RECORDS_PER_BATCH = 500
@@ -91,7 +92,7 @@ def run(*, data_dir: str | None = None, records: int = 300_000, quiet: bool = Fa
         for rec in decode_records(data):
             if rec.offset >= offset:
                 if rec.offset != checked or rec.value != _value(rec.offset):
-                    raise SystemExit(f"demo failed: record {rec.offset} is wrong")
+                    raise KafkaStorageError(f"demo failed: record {rec.offset} is wrong")
                 checked += 1
         offset = checked
         bar.update(checked - bar.n)
@@ -99,7 +100,7 @@ def run(*, data_dir: str | None = None, records: int = 300_000, quiet: bool = Fa
     read_s = time.perf_counter() - t2
     log.close()
     if checked < acked + 1:
-        raise SystemExit(f"demo failed: {acked + 1} acknowledged, only {checked} read back")
+        raise KafkaStorageError(f"demo failed: {acked + 1} acknowledged, only {checked} read back")
     summary = {
         "acknowledged_records": acked + 1,
         "records_after_recovery": checked,
