@@ -73,7 +73,12 @@ TIMESTAMP_NOT_AVAILABLE = 0
 TIMESTAMP_CREATE_TIME = 1
 TIMESTAMP_LOG_APPEND_TIME = 2
 
-DEFAULT_MAX_RECORDS_PER_TASK = 1_000_000
+#: At most this many offsets per read task. Ray Data runs short read tasks about one at a
+#: time on a small cluster (its resource manager lends an operator the CPUs beyond its
+#: reservation case by case), so fewer, longer tasks read faster: 10M records in 6
+#: partitions, 1.67M-offset tasks against 833k, three rounds: 0.86-0.92 / 0.72-0.76 x
+#: iter_columns against 0.60-0.70 x (docs/jobs.md, "What bounds them").
+DEFAULT_MAX_RECORDS_PER_TASK = 4_000_000
 DEFAULT_FETCH_MAX_BYTES = 4 << 20
 # a read task's attempts to go on after a retriable failure (a leader that moved, a fetch
 # that timed out) before it gives up; each restarts at the first offset not yet read
