@@ -488,11 +488,10 @@ def _piece_counts(cluster, pieces, consumer_config: dict) -> list:
     once), None for one past ``JVM_COUNT_MAX_BATCHES``; [] when counting failed (the query
     then reads, as without counts)."""
     import concurrent.futures
-    from actors.errors import KafkaError
     try:
         consumer = cluster.simple_consumer(**consumer_config)
-    except KafkaError as exc:
-        log.debug("read_topic_df: no counts (%s)", exc)
+    except Exception as exc:  # noqa: BLE001 - a count is an optimisation: read instead
+        log.debug("read_topic_df: no counts (%r)", exc)
         return []
     try:
         with concurrent.futures.ThreadPoolExecutor(min(8, len(pieces))) as pool:
@@ -533,19 +532,20 @@ def _jvm_read_options(spark, cluster, pieces, options) -> dict | None:
     metadata = cluster.metadata
     try:
         lines = []
-        counts = ([] if options["timeout_ms"] is not None
-                  else _piece_counts(cluster, pieces, options["consumer_config"]))
-        for i, (topic, partition, start, end) in enumerate(pieces):
+        for topic, partition, start, end in pieces:
             broker, _ = metadata.leader_broker(topic, partition)
             host, port = metadata.broker_address(broker, "PLAINTEXT")
-            count = counts[i] if counts and counts[i] is not None else -1
-            lines.append(f"{topic}\t{partition}\t{start}\t{end}\t{host}\t{port}\t{count}")
+            lines.append(f"{topic}\t{partition}\t{start}\t{end}\t{host}\t{port}")
         bootstrap = []
         for broker in sorted(int(b) for b in metadata.snapshot().get("brokers") or {}):
             with contextlib.suppress(KafkaError):
                 bootstrap.append("%s:%d" % metadata.broker_address(broker, "PLAINTEXT"))
     except KafkaError as exc:
         return cannot(f"no PLAINTEXT leader address ({exc})")
+    counts = ([] if options["timeout_ms"] is not None
+              else _piece_counts(cluster, pieces, options["consumer_config"]))
+    if counts:
+        lines = [f"{line}\t{-1 if n is None else n}" for line, n in zip(lines, counts)]
     conf = spark.sparkContext.getConf()
     cores = int(conf.get("spark.executor.instances", "1")) * \
         int(conf.get("spark.executor.cores", "1"))
