@@ -1020,9 +1020,7 @@ def _rows(arr, start, size: int) -> list:
         return [None] * len(start)
     if size == 0:
         return [b""] * len(start)
-    rows = _np.lib.stride_tricks.as_strided(arr, (len(arr) - size + 1, size), (1, 1),
-                                            writeable=False)
-    return rows[start].view(f"V{size}").ravel().tolist()
+    return _windows(arr, size)[start].view(f"V{size}").ravel().tolist()
 
 
 class _GcPaused:
@@ -1072,25 +1070,33 @@ def _binary_column(data_buffer, arr, start, length):
     offsets = _np.zeros(n + 1, _np.int32)
     _np.cumsum(nonneg, out=offsets[1:])
     if len(sizes) == 1 and total:
-        size = int(sizes[0])
-        data = _np.lib.stride_tricks.as_strided(arr, (len(arr) - size + 1, size), (1, 1),
-                                                writeable=False)[start]
+        data = _windows(arr, int(sizes[0]))[start]
     else:
         data = _np.empty(total, _np.uint8)
         for size in sizes.tolist():
-            if size == 0:
-                continue
-            idx = _np.flatnonzero(nonneg == size)
-            source = _np.lib.stride_tricks.as_strided(arr, (len(arr) - size + 1, size),
-                                                      (1, 1), writeable=False)
-            target = _np.lib.stride_tricks.as_strided(data, (total - size + 1, size), (1, 1))
-            target[offsets[idx]] = source[start[idx]]
-    nulls = length < 0
-    null_count = int(nulls.sum())
-    validity = (pa.py_buffer(_np.packbits(~nulls, bitorder="little")) if null_count
-                else None)
+            if size:
+                idx = _np.flatnonzero(nonneg == size)
+                _windows(data, size, writeable=True)[offsets[idx]] = \
+                    _windows(arr, size)[start[idx]]
+    validity, null_count = _validity(length < 0)
     return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets),
                                                   pa.py_buffer(data)], null_count=null_count)
+
+
+def _windows(arr, size: int, *, writeable: bool = False):
+    """``arr`` (uint8) as overlapping rows: row ``p`` is arr[p:p+size] (a view, no copy)."""
+    return _np.lib.stride_tricks.as_strided(arr, (len(arr) - size + 1, size), (1, 1),
+                                            writeable=writeable)
+
+
+def _validity(nulls) -> tuple:
+    """(the Arrow validity buffer of a column whose ``nulls`` mask is given, or None
+    without nulls; the null count)."""
+    import pyarrow as pa
+    null_count = int(nulls.sum())
+    if not null_count:
+        return None, 0
+    return pa.py_buffer(_np.packbits(~nulls, bitorder="little")), null_count
 
 
 #: ``_binary_column`` gathers by length up to this many distinct lengths.
@@ -1107,8 +1113,7 @@ def _binary_column_by_views(data_buffer, arr, start, length):
     views32[:, 0] = nonneg
     # Strings of <= 12 bytes are stored inline; longer ones keep a 4-byte prefix inline.
     # ``windows[p]`` is data[p:p+12] (a strided view, no copy): one row gather per string.
-    windows = _np.lib.stride_tricks.as_strided(arr, (len(arr) - 12, 12), (1, 1),
-                                               writeable=False)
+    windows = _windows(arr, 12)
     lo = int(nonneg.min()) if n else 0
     hi = int(nonneg.max()) if n else 0
     if lo > 12:  # all long: only the prefix
@@ -1123,10 +1128,7 @@ def _binary_column_by_views(data_buffer, arr, start, length):
     views32[long_, 2] = 0  # data buffer index
     views32[long_, 3] = start[long_]
     import pyarrow as pa
-    nulls = length < 0
-    null_count = int(nulls.sum())
-    validity = (pa.py_buffer(_np.packbits(~nulls, bitorder="little")) if null_count
-                else None)
+    validity, null_count = _validity(length < 0)
     view = pa.Array.from_buffers(pa.binary_view(), n,
                                   [validity, pa.py_buffer(views), data_buffer],
                                   null_count=null_count)

@@ -256,15 +256,12 @@ class SimpleConsumer:
         high watermark (OffsetOutOfRangeError past it, or with ``start`` below the log
         start)."""
         _check_tp(topic, partition)
-        for name, value in (("start", start), ("end", end)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise IllegalArgumentError(f"{name} must be an int >= 0, got {value!r}")
+        _check_int("start", start, 0)
+        _check_int("end", end, 0)
         if start > end:
             raise IllegalArgumentError(f"start {start} is after end {end}")
-        if max_batches is not None and (isinstance(max_batches, bool) or
-                                        not isinstance(max_batches, int) or max_batches < 1):
-            raise IllegalArgumentError(f"max_batches must be an int >= 1 or None, got "
-                                       f"{max_batches!r}")
+        if max_batches is not None:
+            _check_int("max_batches", max_batches, 1)
         return self._call_replica(topic, partition, "count_records", start, end, max_batches)
 
     # -- plumbing --------------------------------------------------------------------------
@@ -413,26 +410,26 @@ class SimpleConsumer:
         return out
 
 
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise IllegalArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
 def _check_tp(topic, partition) -> None:
     if not isinstance(topic, str) or not topic:
         raise IllegalArgumentError(f"topic must be a non-empty str, got {topic!r}")
-    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
-        raise IllegalArgumentError(f"partition must be an int >= 0, got {partition!r}")
+    _check_int("partition", partition, 0)
 
 
 def _check_request(topic, partition, offset, max_bytes) -> None:
     _check_tp(topic, partition)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise IllegalArgumentError(f"offset must be an int >= 0, got {offset!r}")
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-        raise IllegalArgumentError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+    _check_int("offset", offset, 0)
+    _check_int("max_bytes", max_bytes, 1)
 
 
 def _check_wait(max_wait_ms, min_bytes) -> None:
-    if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, int) or max_wait_ms < 0:
-        raise IllegalArgumentError(f"max_wait_ms must be an int >= 0, got {max_wait_ms!r}")
-    if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
-        raise IllegalArgumentError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
+    _check_int("max_wait_ms", max_wait_ms, 0)
+    _check_int("min_bytes", min_bytes, 0)
 
 
 def _lt(table, end: int):

@@ -486,9 +486,9 @@ class KafkaApis:
                 # Kafka's way: no response to carry the error, so the connection is closed
                 # and the client refreshes its metadata
                 t, p, r = failed[0]
-                log.warning("acks=0 produce from %s to %s-%d failed (%s: %s); closing its "
-                            "connection: the records of this request are lost", request.client,
-                            t, p, type(r).__name__, r)
+                log.info("acks=0 produce from %s to %s-%d failed (%s: %s); closing its "
+                         "connection: the records of this request are lost", request.client,
+                         t, p, type(r).__name__, r)
                 raise wire.InvalidRequestError(
                     f"acks=0 produce to {t}-{p} failed ({type(r).__name__}: {r}); closing "
                     f"the connection so the client refreshes its metadata", request.header)

@@ -3,6 +3,7 @@ package raykafka.spark;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.EnumSet;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -162,7 +163,7 @@ public final class TopicSource implements TableProvider {
     CountScan(List<Piece> pieces, List<String> groups, int aggregates) {
       this.groups = groups;
       this.aggregates = aggregates;
-      Map<List<Object>, Long> totals = new java.util.LinkedHashMap<>();
+      Map<List<Object>, Long> totals = new LinkedHashMap<>();
       if (groups.isEmpty()) totals.put(Collections.emptyList(), 0L);
       for (Piece p : pieces) {
         List<Object> key = new ArrayList<>();
