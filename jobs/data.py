@@ -52,6 +52,7 @@ from ray.data.datasource import Datasink, Datasource, ReadTask
 from actors.errors import (IllegalArgumentError, InvalidConfigurationError, KafkaError,
                            KafkaTimeoutError, OffsetOutOfRangeError,
                            UnknownTopicOrPartitionError)
+from jobs import raydata_fix
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
     """
     if trigger != "once":
         raise IllegalArgumentError(f"only trigger='once' is supported, got {trigger!r}")
+    raydata_fix.fix()           # its tasks run at once from the start (jobs/raydata_fix.py)
     consumer_config = dict(consumer_config or {})
     cluster, ranges = plan_read(cluster, topics, start_offset, end_offset,
                                 partitions=partitions,
@@ -514,6 +516,7 @@ def write_topic(ds, cluster, topic: str, *, acks="all", producer_config: dict | 
     if not isinstance(ds, ray.data.Dataset):
         raise IllegalArgumentError(f"write_topic takes a ray.data.Dataset, got "
                                    f"{type(ds).__name__}")
+    raydata_fix.fix()
     if not isinstance(topic, str) or not topic:
         raise IllegalArgumentError(f"topic must be a non-empty str, got {topic!r}")
     if producer_config is not None and not isinstance(producer_config, dict):

@@ -421,3 +421,35 @@ def test_dataset_write_kafka_rows_are_read_back_by_read_topic(cluster):
     assert sorted(json.loads(r["value"])["id"] for r in got) == list(range(200))
     assert all(r["key"] == b"n%d" % json.loads(r["value"])["id"] for r in got)
     assert {r["partition"] for r in got} == {0, 1}
+
+
+# -- Ray Data's start (jobs/raydata_fix.py) -------------------------------------------------
+
+def _limits_owner(answers):
+    """What ResourceManager.get_global_limits reads of its instance, with a coordinator whose
+    successive answers are ``answers``."""
+    import types
+
+    from ray.data._internal.execution.interfaces import ExecutionOptions
+    from ray.data._internal.execution.resource_manager import ResourceManager
+    answers = iter(answers)
+    return types.SimpleNamespace(
+        GLOBAL_LIMITS_UPDATE_INTERVAL_S=ResourceManager.GLOBAL_LIMITS_UPDATE_INTERVAL_S,
+        _global_limits_last_update_time=0, _options=ExecutionOptions(),
+        _get_total_resources=lambda: next(answers), _object_store_memory_limit_fraction=0.5)
+
+
+def test_ray_data_asks_again_at_once_while_its_resource_limits_are_zero():
+    """Ray Data's executor takes the cluster's resources as soon as its coordinator has
+    answered: a limit of zero (no answer yet) is not kept for a second."""
+    from ray.data._internal.execution.interfaces import ExecutionResources
+    from ray.data._internal.execution.resource_manager import ResourceManager
+
+    from jobs import raydata_fix
+    assert raydata_fix.fix() and raydata_fix.fix()          # idempotent
+    two = ExecutionResources(cpu=2, gpu=0, object_store_memory=1 << 30)
+    owner = _limits_owner([ExecutionResources.zero(), two, ExecutionResources.zero()])
+    assert ResourceManager.get_global_limits(owner).cpu == 0
+    assert ResourceManager.get_global_limits(owner).cpu == 2       # asked again at once
+    # once answered, the limits are kept for Ray Data's interval as before
+    assert ResourceManager.get_global_limits(owner).cpu == 2
