@@ -51,7 +51,8 @@ if _ROOT not in sys.path:
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
 from benchmarks.cluster_bench import bench_redis  # noqa: E402
 from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
-from benchmarks.wire_bench import _end, _spawn, e2e_once, time_ray_calls  # noqa: E402
+from benchmarks.wire_bench import (_end, _spawn, e2e_once, time_ray_calls,  # noqa: E402
+                                   warm_group_coordinator)
 
 PARTITIONS = 6
 RECORD_SIZE = 100
@@ -149,35 +150,6 @@ def confluent_consume(bootstrap: str, topic: str, records: int) -> dict:
         raise RuntimeError(f"confluent consume read {got} of {records} in {WAIT_S}s")
     return {"records": got, "records_per_s": round(got / elapsed) if elapsed else None,
             "MB_per_s": round(nbytes / elapsed / 1e6, 1) if elapsed else None}
-
-
-def warm_group_coordinator(bootstrap: str, timeout_s: float = 120.0) -> dict:
-    """Have the group coordinator up before anything is timed: the first client with a
-    ``group.id`` makes the brokers create ``__consumer_offsets``, whose partition replicas
-    are processes (6 partitions x RF 3 here: about 0.6 CPU-seconds each to start). Left
-    to the timed consume, those starts took most of this 2-core machine: 160-280k
-    records/s measured, 390-440k once they were done, as much as from a LocalBroker.
-    Returns how long the coordinator took (``group_coordinator_s``)."""
-    from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient
-    t0 = time.perf_counter()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "clients-bench"})
-    try:
-        consumer.committed([TopicPartition("__warm_up__", 0)], timeout=timeout_s)
-    finally:
-        consumer.close()
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + timeout_s
-    while True:        # every replica of every partition started and in sync
-        parts = admin.list_topics("__consumer_offsets", timeout=10).topics[
-            "__consumer_offsets"].partitions
-        if parts and all(p.leader >= 0 and len(p.isrs) == len(p.replicas)
-                         for p in parts.values()):
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"__consumer_offsets not in sync after {timeout_s} s")
-        time.sleep(0.2)
-    return {"group_coordinator_s": round(time.perf_counter() - t0, 2)}
 
 
 def _confluent(cluster, topic: str, records: int, acks: str, prefix: str) -> dict:

@@ -22,7 +22,8 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from benchmarks.common import bench_cluster, phase, say  # noqa: E402
-from benchmarks.wire_bench import e2e_once, time_ray_calls  # noqa: E402
+from benchmarks.wire_bench import (e2e_once, time_ray_calls,  # noqa: E402
+                                   warm_group_coordinator)
 
 PARTITIONS = 6
 
@@ -58,6 +59,8 @@ def main(argv=None) -> dict:
     out = {"load_avg_1m": round(os.getloadavg()[0], 2)}
     with bench_cluster("listener-bench", 3) as (cluster, _):
         phase(out, "ray_call", time_ray_calls, args.calls)
+        # e2e_once's consumer has a group.id: __consumer_offsets starts before the timing
+        phase(out, "group_coordinator", warm_group_coordinator, cluster.bootstrap_servers)
         for rf in (int(r) for r in args.rf.split(",")):
             phase(out, f"e2e_rf{rf}", _e2e, cluster, rf, rates, args.seconds)
         phase(out, "ray_call_after", lambda: {

@@ -209,6 +209,36 @@ def socket_rtt(calls: int) -> dict:
 
 
 # -- end to end through librdkafka ---------------------------------------------------------
+def warm_group_coordinator(bootstrap: str, timeout_s: float = 120.0) -> dict:
+    """Have the group coordinator up before anything is timed (clients_bench,
+    listener_bench): the first client with a ``group.id`` (``e2e_once``'s consumer,
+    clients_bench's) makes the brokers create ``__consumer_offsets``, whose partition
+    replicas are processes (6 partitions x RF 3 here: about 0.6 CPU-seconds each to
+    start). Left to a timed run, those starts took most of this 2-core machine: a consume
+    measured 160-280k records/s, 390-440k once they were done, as much as from a
+    LocalBroker. Returns how long the coordinator took (``group_coordinator_s``)."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    t0 = time.perf_counter()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench"})
+    try:
+        consumer.committed([TopicPartition("__warm_up__", 0)], timeout=timeout_s)
+    finally:
+        consumer.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while True:        # every replica of every partition started and in sync
+        parts = admin.list_topics("__consumer_offsets", timeout=10).topics[
+            "__consumer_offsets"].partitions
+        if parts and all(p.leader >= 0 and len(p.isrs) == len(p.replicas)
+                         for p in parts.values()):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"__consumer_offsets not in sync after {timeout_s} s")
+        time.sleep(0.2)
+    return {"group_coordinator_s": round(time.perf_counter() - t0, 2)}
+
+
 def e2e_once(bootstrap: str, topic: str, partitions: int, rate: int, seconds: float) -> dict:
     """One paced end-to-end run: a confluent-kafka producer (acks=all, linger 0) sends
     100-byte records at ``rate``/s for ``seconds`` (its default partitioner spreads them),
