@@ -3,7 +3,10 @@ consumer through the brokers' Kafka listeners, next to raykafka's own clients an
 Streams measured in the same run, and librdkafka's end-to-end latency next to a Ray call.
 
 One run, on a private local Ray with a 3-broker cluster, 6-partition topics, 100-byte
-records (values of random bytes, no compression):
+records (values of random bytes, no compression). Before anything is timed the group
+coordinator is brought up (``group_coordinator_s``: ``__consumer_offsets`` and its replica
+processes, which the first client with a ``group.id`` would otherwise start inside a timed
+phase; wire_bench.warm_group_coordinator):
 - ``confluent_rf1_*``: a confluent-kafka Producer (acks=1, linger.ms 5, ``produce_batch``
   of 10,000 records per partition in turn) into an RF=1 topic, then a Consumer assigned
   every partition from the beginning (``consume(100000)``) reading all of it back.
