@@ -217,16 +217,26 @@ def warm_group_coordinator(bootstrap: str, timeout_s: float = 120.0) -> dict:
     start). Left to a timed run, those starts took most of this 2-core machine: a consume
     measured 160-280k records/s, 390-440k once they were done, as much as from a
     LocalBroker. Returns how long the coordinator took (``group_coordinator_s``)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient
     t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout_s
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench"})
     try:
-        consumer.committed([TopicPartition("__warm_up__", 0)], timeout=timeout_s)
+        while True:
+            try:
+                consumer.committed([TopicPartition("__warm_up__", 0)],
+                                   timeout=max(deadline - time.monotonic(), 1))
+                break
+            except KafkaException:
+                # NOT_COORDINATOR while the new partitions' leaders take over (the broker
+                # that answered FindCoordinator knew the leader before the leader did)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         consumer.close()
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + timeout_s
     while True:        # every replica of every partition started and in sync
         parts = admin.list_topics("__consumer_offsets", timeout=10).topics[
             "__consumer_offsets"].partitions
