@@ -229,8 +229,8 @@ def warm_group_coordinator(bootstrap: str, timeout_s: float = 120.0) -> dict:
                                    timeout=max(deadline - time.monotonic(), 1))
                 break
             except KafkaException:
-                # NOT_COORDINATOR while the new partitions' leaders take over (the broker
-                # that answered FindCoordinator knew the leader before the leader did)
+                # NOT_COORDINATOR was seen once while the new partitions' leaders took
+                # over (librdkafka does not retry committed() on it)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)

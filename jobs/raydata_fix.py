@@ -35,12 +35,11 @@ def fix() -> bool:
         from ray.data._internal.execution.resource_manager import ResourceManager
     except ImportError:                     # pragma: no cover - Ray Data moved the class
         return False
-    current = getattr(ResourceManager, "get_global_limits", None)
-    if current is None:                     # pragma: no cover - a different Ray Data
+    original = getattr(ResourceManager, "get_global_limits", None)
+    if original is None:                    # pragma: no cover - a different Ray Data
         return False
-    if getattr(current, _MARK, False):
+    if getattr(original, _MARK, False):
         return True
-    original = current
 
     def get_global_limits(self):
         limits = original(self)
