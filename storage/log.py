@@ -83,6 +83,12 @@ class _View(NamedTuple):
     bases: tuple[int, ...]
     log_start_offset: int
     log_end_offset: int
+    # the last append's batches as written, (their base offset, bytes), while they end the
+    # log: last_appended() hands them out without reading the file back
+    last: tuple[int, bytes] | None = None
+
+
+LAST_APPEND_KEEP_BYTES = 64 * 1024     # a larger append is read back from the file
 
 
 def _now_ms() -> int:
@@ -251,6 +257,16 @@ class Log:
         self._view = _View(segs, tuple(s.base_offset for s in segs), log_start, leo)
 
     # -- state --------------------------------------------------------------------------
+    def last_appended(self, offset: int) -> tuple[bytes, int] | None:
+        """(the bytes, the offset after them) of the last append when it starts at
+        ``offset`` and still ends the log, else None: the batches just written, as they
+        are in the file, without reading them back (the local channel pushes each append
+        to the broker). Lock-free, like every read."""
+        v = self._view
+        if v.last is None or v.last[0] != offset:
+            return None
+        return v.last[1], v.log_end_offset
+
     @property
     def log_start_offset(self) -> int:
         return self._view.log_start_offset
@@ -430,8 +446,10 @@ class Log:
             group_infos.append(info)
             pending += info.size
         self.active_segment.append(group_chunks, group_infos, verify)
-        v = self._view
-        self._view = v._replace(log_end_offset=infos[-1].last_offset + 1)
+        size = sum(len(c) for c in chunks)
+        last = (infos[0].base_offset, b"".join(chunks)) \
+            if size <= LAST_APPEND_KEEP_BYTES else None
+        self._view = self._view._replace(log_end_offset=infos[-1].last_offset + 1, last=last)
 
     def _should_roll(self, active: LogSegment, pending: int, info: BatchInfo, now: int) -> bool:
         size = active.size + pending

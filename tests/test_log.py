@@ -101,6 +101,31 @@ def test_reads_at_the_newest_batches_are_right_after_a_truncation_and_new_append
         assert_contiguous(read_all(log), 0, log.log_end_offset)
 
 
+def test_the_last_append_is_handed_out_as_written_while_it_ends_the_log(tmp_path):
+    """last_appended gives the bytes of the last append, as the file holds them, for its
+    base offset only, and only until anything else (another append, a truncation, a roll,
+    a deletion) changes the log; a large append is not kept."""
+    from storage.log import LAST_APPEND_KEEP_BYTES
+    with Log.open(str(tmp_path)) as log:
+        assert log.last_appended(0) is None
+        log.append(make_batch(3))
+        assert log.last_appended(0) == (log.read(0, 1 << 20), 3)
+        assert log.last_appended(1) is None
+        log.append(make_batch(2) + make_batch(1))             # two batches in one append
+        assert log.last_appended(0) is None
+        assert log.last_appended(3) == (log.read(3, 1 << 20), 6)
+        log.truncate_to(5)
+        assert log.last_appended(3) is None
+        log.append(make_batch(1))
+        log.roll()
+        assert log.last_appended(5) is None
+        log.append(make_batch(1, value_size=LAST_APPEND_KEEP_BYTES))
+        assert log.last_appended(6) is None and log.log_end_offset == 7
+        log.append(make_batch(2))
+        log.delete_records_before(8)
+        assert log.last_appended(7) is None
+
+
 def test_first_batch_larger_than_max_bytes_is_returned_whole(tmp_path):
     """A first batch larger than max_bytes still comes back whole (and alone), so a reader
     always makes progress."""

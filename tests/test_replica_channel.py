@@ -287,6 +287,59 @@ def test_a_watch_pushes_the_appended_batches_in_order_without_gaps(tmp_path):
         replica.stop()
 
 
+def test_appends_over_the_watched_connection_never_wake_the_watch_thread(tmp_path,
+                                                                        monkeypatch):
+    """An append made on the watched connection is pushed by that connection's reader
+    thread, without waking the watch's own thread (a thread switch per append); an append
+    made elsewhere (a Ray call's thread) is pushed by the watch's thread."""
+    pushers = []
+    push = replica_channel._Watch.push
+
+    def recorded(watch, replica):
+        pushers.append(threading.current_thread().name)
+        push(watch, replica)
+    monkeypatch.setattr(replica_channel._Watch, "push", recorded)
+    replica = PartitionReplica("quiet", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0], [0])
+        chan = ReplicaChannel(replica.channel_address())
+        seen, cond = _watched(chan)
+        for i in range(20):
+            wait(chan.produce(build([b"%d" % i]), acks=1), 5)
+        _until(cond, lambda: seen[-1] == (20, 20))
+        assert pushers.count("channel-watch") == 1          # the first state only
+        assert pushers.count("channel-conn") == 20
+        replica.produce(build([b"elsewhere"]), 1, 1000)
+        _until(cond, lambda: seen[-1] == (21, 21))
+        assert pushers.count("channel-watch") == 2
+        chan.close()
+    finally:
+        replica.stop()
+
+
+def test_a_push_cut_at_its_size_bound_is_finished_by_the_watch_thread(tmp_path,
+                                                                     monkeypatch):
+    """When the reader's push stops at TAIL_PUSH_BYTES with batches left, the watch's
+    thread pushes the rest, though nothing wakes it for them: the broker gets every batch."""
+    monkeypatch.setattr(replica_channel, "TAIL_PUSH_BYTES", 1)          # a batch per push
+    monkeypatch.setattr(replica_channel._Watch, "changed_by", lambda watch: None)
+    replica = PartitionReplica("cut", 0, 0, str(tmp_path), {})
+    try:
+        replica.become_leader(0, [0], [0])
+        chan = ReplicaChannel(replica.channel_address())
+        events = []
+        seen, cond = _watched(chan, events)
+        for i in range(3):                  # appended elsewhere: no one is woken for them
+            replica.produce(build([b"quiet-%d" % i]), 1, 1000)
+        wait(chan.produce(build([b"last"]), acks=1), 5)
+        _until(cond, lambda: events[-1].end == 4)
+        assert [(ev.base, ev.end) for ev in events if ev.data] == [(0, 1), (1, 2), (2, 3),
+                                                                   (3, 4)]
+        chan.close()
+    finally:
+        replica.stop()
+
+
 def test_a_watch_push_tells_the_broker_the_replica_was_demoted(tmp_path):
     """Becoming a follower changes the pushed leadership: the broker's cue that this link
     (and the tail it cached) no longer speaks for a leader."""

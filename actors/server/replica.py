@@ -163,6 +163,7 @@ class PartitionReplica:
         self.replicas: list[int] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._listeners: list = []          # listen(): called where _changed is notified
         self._isr_wake = threading.Condition(self._lock)
         self._hw = self._clamp(read_offset(os.path.join(self.path, HW_CHECKPOINT)) or 0)
         self._hw_written = self._hw
@@ -447,6 +448,8 @@ class PartitionReplica:
     def _notify_locked(self) -> None:
         """Something a waiter waits for changed (an append, the HW, the ISR, the role)."""
         self._changed.notify_all()
+        for listener in self._listeners:
+            listener()
         if self._ack_waiters:
             self._settle_acks_locked()
 
@@ -594,6 +597,9 @@ class PartitionReplica:
         ``max_bytes`` of them, and the offset after the last: what the local channel's
         watch pushes to the broker as the log grows. Not CRC-checked again: they were
         checked when appended."""
+        last = self.log.last_appended(offset)
+        if last is not None and len(last[0]) <= max_bytes:
+            return last
         data = self.log.read(offset, max_bytes, check_crc=False)
         if not data:
             return b"", offset
@@ -880,6 +886,21 @@ class PartitionReplica:
                 if (self._hw, leo, self._leadership) != seen or stop.is_set():
                     return self._hw, leo, self.log.log_start_offset, self._leadership
                 self._changed.wait()
+
+    def listen(self, listener):
+        """Call ``listener()`` wherever ``wait_for_change`` waiters are woken (appends, HW
+        moves, role changes, stop), on the thread that made the change and under the
+        replica's lock: it must only take note (set an event). A listener can skip the
+        changes its own thread pushes anyway, where a waiter would be woken for each (a
+        thread switch per append on a 2-core machine). Returns the function that removes
+        it."""
+        with self._lock:
+            self._listeners = [*self._listeners, listener]
+
+        def remove() -> None:
+            with self._lock:
+                self._listeners = [x for x in self._listeners if x is not listener]
+        return remove
 
     def wake(self) -> None:
         """Wake every waiter (a ``wait_for_change`` whose stop was set)."""

@@ -244,7 +244,7 @@ class ReplicaChannelServer:
                     return
                 request_id, op = struct.unpack_from("<IB", frame, 0)
                 if op == WATCH:
-                    watch = _Watch(request_id, send)
+                    watch = _Watch(request_id, send, threading.current_thread())
                     watches.append(watch)
                     threading.Thread(target=self._watch, args=(watch, ended),
                                      daemon=True, name="channel-watch").start()
@@ -258,7 +258,8 @@ class ReplicaChannelServer:
             return
         finally:
             ended.set()
-            self.replica.wake()
+            for watch in watches:
+                watch.changed.set()
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
@@ -358,13 +359,21 @@ class ReplicaChannelServer:
     def _watch(self, watch: "_Watch", ended: threading.Event) -> None:
         """The watch's own thread: pushes the changes nobody else pushed (made off this
         connection's reader thread: other connections, Ray calls, the ISR thread)."""
-        while not ended.is_set():
-            try:
-                self.replica.wait_for_change(watch.seen, ended)
-            except Exception as exc:  # noqa: BLE001 - the replica stopped: say so, end
-                watch.send(_error_frame(watch.request_id, exc))
-                return
-            watch.push(self.replica)
+        unlisten = self.replica.listen(watch.changed_by)
+        try:
+            while True:
+                watch.changed.wait()
+                watch.changed.clear()
+                if ended.is_set():
+                    return
+                try:
+                    self.replica.wait_for_change(None, ended)   # raises once it stopped
+                except Exception as exc:  # noqa: BLE001 - the replica stopped: say so, end
+                    watch.send(_error_frame(watch.request_id, exc))
+                    return
+                watch.push(self.replica)
+        finally:
+            unlisten()
 
     def _fetch(self, request_id, args, send) -> None:
         try:
@@ -383,19 +392,33 @@ class ReplicaChannelServer:
 class _Watch:
     """One watch of a connection: what it last pushed. Pushed by the connection's reader
     thread right after a request that changed the replica (an append, a follower's
-    position: no thread to wake on that path), and by the watch's own thread for changes
-    made elsewhere; whichever comes first pushes, the other finds nothing new."""
+    position), and by the watch's own thread for changes made elsewhere (other
+    connections, Ray calls, the ISR thread). The watch's thread is woken only for those:
+    the replica's listener (``changed_by``) skips changes made on the reader thread, which
+    pushes them itself, so an append costs no thread switch (measured: the woken watch
+    thread and the reader then took turns on the GIL and on this watch's lock for every
+    append, about a fifth of the replica's CPU at RF=1)."""
 
-    def __init__(self, request_id: int, send):
+    def __init__(self, request_id: int, send, reader: threading.Thread):
         self.request_id = request_id
         self.send = send
+        self.reader = reader
         self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.changed.set()                  # the first push: the state as it is
         self.seen: tuple[int, int, int] | None = None     # (hw, pushed end, leadership)
         self.pushed: int | None = None
 
+    def changed_by(self) -> None:
+        """The replica's listener (under its lock): wake the watch's thread unless the
+        change is the reader thread's, which pushes after every request it handles."""
+        if threading.current_thread() is not self.reader:
+            self.changed.set()
+
     def push(self, replica) -> None:
         """Push what changed since the last push (read now, under this watch's lock, so two
-        pushers never send a state older than one already sent)."""
+        pushers never send a state older than one already sent). A push that stopped at
+        TAIL_PUSH_BYTES leaves the rest to the watch's thread."""
         with self.lock:
             try:
                 hw, leo, start, leadership = replica.watch_state()
@@ -411,6 +434,8 @@ class _Watch:
             self.send([_RESP.pack(5 + len(head) + len(data), self.request_id, OK) + head,
                        data] if data else
                       [_RESP.pack(5 + len(head), self.request_id, OK) + head])
+            if end < leo:
+                self.changed.set()
 
 
 class ReplicaChannel:
