@@ -165,6 +165,19 @@ class ZkStore:
         data, stat = self._get(L.partition_state_path(topic, partition), watch)
         return L.PartitionState.from_bytes(topic, partition, data), stat.version
 
+    def get_partition_states(self, topic: str, partitions: Iterable[int]
+                             ) -> dict[int, tuple[L.PartitionState, int]]:
+        """{partition: (state, zk version)} for each of ``partitions`` that has a state
+        (the others are left out), read in one pipelined round (``ZkClient.get_many``):
+        the controller's once-a-second pass reads every partition this way."""
+        partitions = [int(p) for p in partitions]
+
+        def attempt() -> dict:
+            got = self.zk.get_many([L.partition_state_path(topic, p) for p in partitions])
+            return {p: (L.PartitionState.from_bytes(topic, p, r[0]), r[1].version)
+                    for p, r in zip(partitions, got) if r is not None}
+        return self.retry.run(attempt)
+
     def create_partition_state(self, topic: str, partition: int, state: L.PartitionState
                                ) -> int:
         """Create the state node (and its parents); returns its zk version (0).

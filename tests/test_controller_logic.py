@@ -140,6 +140,9 @@ class FakeStore:
             raise NodeMissingError(f"{topic}-{partition}")
         return self.states[(topic, partition)]
 
+    def get_partition_states(self, topic, partitions):
+        return {p: self.states[(topic, p)] for p in partitions if (topic, p) in self.states}
+
     def create_partition_state(self, topic, partition, state):
         if (topic, partition) in self.states:
             raise NodeAlreadyExistsError(f"{topic}-{partition}")

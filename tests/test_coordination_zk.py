@@ -255,6 +255,22 @@ def test_partition_state_update_is_conditional_on_zk_version(clients):
         store.get_partition_state("t", 9)
 
 
+def test_partition_states_read_together_are_each_partitions_state(clients):
+    """get_partition_states (one pipelined round of reads) gives what get_partition_state
+    gives for each partition, versions included, and leaves out partitions without one."""
+    store = ZkStore(clients())
+    for p in range(40):
+        store.create_partition_state("many", p, L.PartitionState(
+            leader=p % 3, leader_epoch=p, isr=(p % 3,), controller_epoch=1))
+    store.update_partition_state("many", 7, L.PartitionState(
+        leader=2, leader_epoch=8, isr=(2,), controller_epoch=1), expected_version=0)
+    got = store.get_partition_states("many", range(45))
+    assert sorted(got) == list(range(40))
+    assert got == {p: store.get_partition_state("many", p) for p in range(40)}
+    assert got[7][1] == 1
+    assert store.get_partition_states("none-such", [0, 1]) == {}
+
+
 def test_partition_state_write_is_fenced_by_controller_epoch(clients):
     """A write guarded by the epoch's zk version fails with ControllerMovedError once another
     controller has been elected; the new controller's write succeeds."""

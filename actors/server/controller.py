@@ -231,13 +231,12 @@ class ControllerLogic:
                 continue
             obs.topic_ids[topic] = topic_id
             obs.topic_versions[topic] = version
+            states = self.store.get_partition_states(topic, assignment)
             parts = {}
             for p, replicas in assignment.items():
                 part = _Partition(list(replicas))
-                try:
-                    part.state, part.zk_version = self.store.get_partition_state(topic, p)
-                except NodeMissingError:
-                    pass
+                if p in states:
+                    part.state, part.zk_version = states[p]
                 parts[p] = part
             obs.topics[topic] = parts
             obs.configs[topic] = self.store.get_topic_config(topic)
