@@ -864,32 +864,19 @@ class PartitionReplica:
 
     # -- lifecycle --------------------------------------------------------------------------
     def watch_state(self) -> tuple[int, int, int, int]:
-        """(high watermark, log end offset, log start offset, leadership) now."""
-        with self._lock:
-            return self._hw, self.log.log_end_offset, self.log.log_start_offset, \
-                self._leadership
-
-    def wait_for_change(self, seen: tuple[int, int, int] | None, stop: threading.Event
-                        ) -> tuple[int, int, int, int]:
-        """(high watermark, log end offset, log start offset, leadership) as soon as the
-        first two or the leadership differ from ``seen`` = (hw, leo, leadership) (at once
-        when ``seen`` is None), or when ``stop`` is set (then as they are). Woken by
-        appends, HW moves and role changes; ``wake`` wakes it to look at ``stop``. Raises
+        """(high watermark, log end offset, log start offset, leadership) now;
         NotLeaderForPartitionError once the replica is stopped. ``leadership`` changes
         whenever this replica stops acknowledging (demoted, fenced)."""
         with self._lock:
-            while True:
-                if self._stopped:
-                    raise NotLeaderForPartitionError(
-                        f"{self.topic}-{self.partition} on broker {self.broker_id} stopped")
-                leo = self.log.log_end_offset
-                if (self._hw, leo, self._leadership) != seen or stop.is_set():
-                    return self._hw, leo, self.log.log_start_offset, self._leadership
-                self._changed.wait()
+            if self._stopped:
+                raise NotLeaderForPartitionError(
+                    f"{self.topic}-{self.partition} on broker {self.broker_id} stopped")
+            return self._hw, self.log.log_end_offset, self.log.log_start_offset, \
+                self._leadership
 
     def listen(self, listener):
-        """Call ``listener()`` wherever ``wait_for_change`` waiters are woken (appends, HW
-        moves, role changes, stop), on the thread that made the change and under the
+        """Call ``listener()`` wherever ``_changed`` waiters are woken (appends, HW moves,
+        role changes, stop), on the thread that made the change and under the
         replica's lock: it must only take note (set an event). A listener can skip the
         changes its own thread pushes anyway, where a waiter would be woken for each (a
         thread switch per append on a 2-core machine). Returns the function that removes
@@ -901,11 +888,6 @@ class PartitionReplica:
             with self._lock:
                 self._listeners = [x for x in self._listeners if x is not listener]
         return remove
-
-    def wake(self) -> None:
-        """Wake every waiter (a ``wait_for_change`` whose stop was set)."""
-        with self._lock:
-            self._notify_locked()
 
     def channel_address(self) -> str:
         """The address of this replica's local channel (server/replica_channel.py), started

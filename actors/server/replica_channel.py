@@ -155,7 +155,7 @@ def _raise_error(body: memoryview) -> None:
 class ReplicaChannelServer:
     """The replica's end: an accept thread and one reader thread per connection, serving
     ``replica`` (a PartitionReplica: ``append_as_leader``, ``acked``, ``await_acks``,
-    ``fetch``, ``wait_for_change``, ``wake``).
+    ``fetch``, ``watch_state``, ``tail``, ``listen``).
     Thread-safe; ``close`` ends every connection and waits for nothing else."""
 
     def __init__(self, replica, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
@@ -367,7 +367,7 @@ class ReplicaChannelServer:
                 if ended.is_set():
                     return
                 try:
-                    self.replica.wait_for_change(None, ended)   # raises once it stopped
+                    self.replica.watch_state()          # raises once it stopped
                 except Exception as exc:  # noqa: BLE001 - the replica stopped: say so, end
                     watch.send(_error_frame(watch.request_id, exc))
                     return
