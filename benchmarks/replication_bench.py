@@ -18,6 +18,14 @@ one). It measures, in this order:
    times send -> acknowledgement of one record per millisecond: the share of the latency
    spent in the producer and replication, before the consumer could read the record.
 
+Before each throughput run, ``raw_append_rf1_MB_per_s`` / ``raw_append_rf3_MB_per_s``:
+the bytes that run will write (records x record size x copies) appended to a new file
+in the same directory, 1 MiB at a time, by this process: the machine's page-cache write
+cost at that moment, which on this VM varies up to ten times between runs (writes into
+memory the guest has not used lately cost 2.4 ms per MB instead of 0.2: docs/sizing.md).
+``rf1_vs_raw_append`` / ``rf3_vs_raw_append`` put each run's MB/s (counting every copy)
+next to it.
+
 Goals (issue 21's): RF=1 acks=all >= 1,500,000 records/s; RF=3 acks=all >= 1,000,000
 records/s and >= 0.7 x RF=1 in the same run; end to end at both 1,000 records/s
 (``e2e_1k_*``) and 10,000 records/s (``e2e_*``): p50 <= 2 x ray_call_p50_ms and p99 <= 10 x.
@@ -101,6 +109,26 @@ def throughput(cluster, topic: str, records: int, warmup: int, size: int) -> dic
                  progress=False)
     return perf.produce(cluster, topic, num_records=records, record_size=size, acks="all",
                         progress=False)
+
+
+def raw_append(work: str, name: str, nbytes: int) -> dict:
+    """``nbytes`` appended to a new file in ``work`` with 1 MiB writes, then removed:
+    MB/s and the CPU seconds per MB this process spent (module docstring)."""
+    chunk = os.urandom(1 << 20)
+    path = os.path.join(work, f"raw-append-{name}.bin")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        written = 0
+        while written < nbytes:
+            written += os.write(fd, chunk)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    mb = written / 1e6
+    return {f"raw_append_{name}_MB_per_s": round(mb / elapsed, 1),
+            f"raw_append_{name}_cpu_ms_per_MB": round(cpu * 1000 / mb, 3)}
 
 
 # -- 4. end to end ------------------------------------------------------------------------------
@@ -254,15 +282,18 @@ def main() -> int:
     t_start = time.perf_counter()
     out: dict = {"brokers": a.brokers, "partitions": a.partitions,
                  "record_size": a.record_size, "records": records, "warmup": warmup}
-    with bench_cluster("replication-bench", a.brokers) as (cluster, _):
+    with bench_cluster("replication-bench", a.brokers) as (cluster, work):
         out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
         phase(out, "ray_call", ray_call_ms)
         phase(out, "socket_rtt", socket_rtt_ms)
         make_topic(cluster, "rf1", a.partitions, 1)
         make_topic(cluster, "rf3", a.partitions, 3)
         make_topic(cluster, "e2e", a.partitions, 3)
+        volume = records * a.record_size
+        phase(out, "raw_append_rf1", raw_append, work, "rf1", volume)
         phase(out, "rf1", lambda: _rate("rf1", throughput(
             cluster, "rf1", records, warmup, a.record_size)))
+        phase(out, "raw_append_rf3", raw_append, work, "rf3", 3 * volume)
         phase(out, "rf3", lambda: _rate("rf3_acks_all", throughput(
             cluster, "rf3", records, warmup, a.record_size)))
         phase(out, "e2e_1k", end_to_end, cluster, "e2e", e2e_s, a.record_size,
@@ -283,6 +314,10 @@ def _goals(out: dict) -> None:
     rf1, rf3 = out.get("rf1_records_per_s"), out.get("rf3_acks_all_records_per_s")
     call = out.get("ray_call_p50_ms")
     out["rf3_vs_rf1"] = ratio(rf3, rf1)
+    for name, copies, key in (("rf1", 1, "rf1_MB_per_s"), ("rf3", 3, "rf3_acks_all_MB_per_s")):
+        mbps = out.get(key)
+        out[f"{name}_vs_raw_append"] = ratio(mbps * copies if mbps is not None else None,
+                                             out.get(f"raw_append_{name}_MB_per_s"))
     out["socket_rtt_x_ray_call"] = ratio(out.get("socket_rtt_p50_ms"), call)
     goals = {
         "rf1_records_per_s": rf1 is not None and rf1 >= GOAL_RF1_RECORDS_PER_S,
@@ -311,6 +346,13 @@ def _table(out: dict) -> None:
          f">= {GOAL_RF1_RECORDS_PER_S:,}: {'met' if goals['rf1_records_per_s'] else 'MISSED'}"),
         ("RF=3 acks=all records/s", fmt(out.get("rf3_acks_all_records_per_s")),
          f">= {GOAL_RF3_RECORDS_PER_S:,}: {'met' if goals['rf3_records_per_s'] else 'MISSED'}"),
+        ("raw append before RF=1 / RF=3 MB/s",
+         f"{fmt(out.get('raw_append_rf1_MB_per_s'))} / "
+         f"{fmt(out.get('raw_append_rf3_MB_per_s'))}",
+         "this moment's page-cache write cost"),
+        ("RF=1 / RF=3 MB/s (x copies) / raw",
+         f"{fmt(out.get('rf1_vs_raw_append'), '{:.3f}')} / "
+         f"{fmt(out.get('rf3_vs_raw_append'), '{:.3f}')}", ""),
         ("RF=3 / RF=1", fmt(out.get("rf3_vs_rf1"), "{:.2f}"),
          f">= {GOAL_RF3_VS_RF1}: {'met' if goals['rf3_vs_rf1'] else 'MISSED'}"),
     ]
