@@ -370,6 +370,29 @@ def test_purgatory_completes_on_notify_or_at_the_deadline_once():
     assert left.result == "expired"
 
 
+def test_the_purgatory_wakes_its_expiry_thread_only_for_an_earlier_deadline():
+    """Parking an operation that expires after the earliest one waiting does not wake the
+    expiry thread (a follower's or consumer's long poll each parks one); an earlier
+    deadline does, and it still expires on time."""
+    purgatory = Purgatory()
+    wakes = []
+    notify = purgatory._lock.notify
+    purgatory._lock.notify = lambda *a: (wakes.append(1), notify(*a))
+    try:
+        now = time.monotonic()
+        purgatory.park(_Op(now + 60, [False]), ["a"])
+        assert len(wakes) == 1
+        for i in range(50):
+            purgatory.park(_Op(now + 61 + i, [False]), ["b%d" % i])
+        assert len(wakes) == 1
+        soon = _Op(time.monotonic() + 0.1, [False])
+        purgatory.park(soon, ["c"])
+        assert len(wakes) == 2
+        assert _wait(lambda: soon.result == "expired", 3)
+    finally:
+        purgatory.close()
+
+
 # -- the handlers over real Logs ---------------------------------------------------------
 @pytest.fixture
 def broker(tmp_path):

@@ -216,8 +216,13 @@ class Purgatory:
                 full = False
                 for key in op.keys:
                     self._watchers.setdefault(key, set()).add(op)
-                heapq.heappush(self._heap, (op.deadline_s, next(self._seq), op))
-                self._lock.notify()
+                entry = (op.deadline_s, next(self._seq), op)
+                heapq.heappush(self._heap, entry)
+                # the expiry thread sleeps until the earliest deadline: wake it only when
+                # this one is earlier (every parked Fetch woke it before, a GIL hand-off
+                # per follower fetch and per consumer long poll)
+                if self._heap[0] is entry:
+                    self._lock.notify()
         if full:
             op.force_complete(expired=True)
             return
