@@ -32,6 +32,13 @@ PLAIN's tokens; a refusal raises SaslAuthenticationError or UnsupportedSaslMecha
 Thread-safe: any thread may call ``request``; sends are serialised by a lock (a frame is
 written whole, in correlation order); responses are read and decoded on one reader thread
 per connection, which also runs the futures' callbacks (keep them short).
+
+``reader_thread=False`` is for a connection one thread owns and uses one request at a
+time (a follower broker's fetcher): no reader thread; ``request`` reads the response on
+the calling thread before it returns, each read bounded by ``read_timeout_s`` (past it
+the connection fails with NetworkError). That saves a thread hand-off per request: the
+reader thread's wake-up, the future's condition and a GIL transfer, twice per record
+replicated at linger 0. ``close`` from another thread still ends a read in progress.
 """
 
 from __future__ import annotations
@@ -132,6 +139,14 @@ class ClientSecurity:
 PLAINTEXT = ClientSecurity()
 
 
+def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """Make a blocking socket's reads fail with BlockingIOError (EAGAIN) after ``seconds``
+    without data: the kernel's timer (SO_RCVTIMEO), so each read stays one system call
+    (``settimeout`` polls before every read)."""
+    whole, micros = divmod(max(1, round(seconds * 1e6)), 1_000_000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, micros))
+
+
 def security_config(config: dict) -> dict:
     """The security settings of a client config (the others dropped)."""
     return {k: config[k] for k in SECURITY_DEFAULTS if k in config}
@@ -144,7 +159,8 @@ class KafkaConnection:
                  connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  versions: dict[int, int] | None = None,
-                 security: ClientSecurity = PLAINTEXT):
+                 security: ClientSecurity = PLAINTEXT,
+                 reader_thread: bool = True, read_timeout_s: float | None = None):
         self.host, self.port = host, int(port)
         self.client_id = client_id
         self.max_response_bytes = max_response_bytes
@@ -160,14 +176,19 @@ class KafkaConnection:
         self._plain = bytearray()                  # decrypted, not yet taken
         if security.tls:
             self._tls_handshake(deadline)
+        self._inline = not reader_thread
         self._sock.settimeout(None)
+        if self._inline and read_timeout_s is not None:
+            set_receive_timeout(self._sock, read_timeout_s)
+        self._read_timeout_s = read_timeout_s
         self._lock = threading.Lock()              # correlation ids, the queue, sends
+        self._read_lock = threading.Lock()         # inline: one reader at a time
         self._waiting: collections.deque = collections.deque()  # (cid, key, version, fut)
         self._next_id = 0
         self._dead: BaseException | None = None
-        self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"kafka-conn-{host}:{port}")
-        self._reader.start()
+        if reader_thread:
+            threading.Thread(target=self._read_loop, daemon=True,
+                             name=f"kafka-conn-{host}:{port}").start()
         self.versions = dict(versions) if versions is not None else \
             self._negotiate(max(0.1, deadline - time.monotonic()), security.tls)
         if security.sasl:
@@ -217,6 +238,8 @@ class KafkaConnection:
                 return future
         if not expect_response:
             future.set_result(None)
+        elif self._inline:
+            self._settle(future)
         return future
 
     def close(self) -> None:
@@ -397,46 +420,63 @@ class KafkaConnection:
             got += k
         return buf
 
-    def _read_loop(self) -> None:
-        why: BaseException
+    def _read_one(self) -> BaseException | None:
+        """Read one response and answer the oldest request waiting for it; what ends the
+        connection (None while it goes on)."""
         try:
-            while True:
-                head = self._recv_exactly(4)
-                if head is None:
-                    why = NetworkError(f"broker at {self.host}:{self.port} closed the "
-                                       f"connection")
-                    break
-                size, = _SIZE.unpack(head)
-                if size < 4 or size > self.max_response_bytes:
-                    why = NetworkError(f"broker at {self.host}:{self.port} sent a response "
-                                       f"of {size} bytes")
-                    break
-                frame = self._recv_exactly(size)
-                if frame is None:
-                    why = NetworkError(f"broker at {self.host}:{self.port} closed the "
-                                       f"connection mid-response")
-                    break
-                with self._lock:
-                    if not self._waiting:
-                        why = NetworkError(f"broker at {self.host}:{self.port} sent a "
-                                           f"response nobody asked for")
-                        break
-                    cid, api_key, version, future = self._waiting.popleft()
-                try:
-                    got, body = wire.decode_response(api_key, version, memoryview(frame))
-                    if got != cid:
-                        raise NetworkError(f"response correlation id {got}, expected {cid}")
-                except Exception as exc:  # noqa: BLE001 - a broken stream: end it
-                    why = exc if isinstance(exc, NetworkError) else NetworkError(
-                        f"undecodable {wire.API_NAMES.get(api_key, api_key)} v{version} "
-                        f"response from {self.host}:{self.port}: {exc}")
-                    future.set_exception(why)
-                    break
-                future.set_result(body)
+            head = self._recv_exactly(4)
+            if head is None:
+                return NetworkError(f"broker at {self.host}:{self.port} closed the "
+                                    f"connection")
+            size, = _SIZE.unpack(head)
+            if size < 4 or size > self.max_response_bytes:
+                return NetworkError(f"broker at {self.host}:{self.port} sent a response "
+                                    f"of {size} bytes")
+            frame = self._recv_exactly(size)
+            if frame is None:
+                return NetworkError(f"broker at {self.host}:{self.port} closed the "
+                                    f"connection mid-response")
+        except BlockingIOError:         # inline: SO_RCVTIMEO passed
+            return NetworkError(f"broker at {self.host}:{self.port} did not answer within "
+                                f"{self._read_timeout_s}s")
         except OSError as exc:
-            why = NetworkError(f"connection to {self.host}:{self.port} broke: {exc}")
+            return NetworkError(f"connection to {self.host}:{self.port} broke: {exc}")
+        with self._lock:
+            if not self._waiting:
+                return NetworkError(f"broker at {self.host}:{self.port} sent a "
+                                    f"response nobody asked for")
+            cid, api_key, version, future = self._waiting.popleft()
+        try:
+            got, body = wire.decode_response(api_key, version, memoryview(frame))
+            if got != cid:
+                raise NetworkError(f"response correlation id {got}, expected {cid}")
+        except Exception as exc:  # noqa: BLE001 - a broken stream: end it
+            why = exc if isinstance(exc, NetworkError) else NetworkError(
+                f"undecodable {wire.API_NAMES.get(api_key, api_key)} v{version} "
+                f"response from {self.host}:{self.port}: {exc}")
+            future.set_exception(why)
+            return why
+        future.set_result(body)
+        return None
+
+    def _read_loop(self) -> None:
+        while True:
+            why = self._read_one()
+            if why is not None:
+                break
         with self._lock:
             self._fail_locked(why)
+
+    def _settle(self, future: concurrent.futures.Future) -> None:
+        """Inline mode: read responses on this thread until ``future`` has its answer
+        (or the connection failed, which answers it with the error)."""
+        with self._read_lock:
+            while not future.done():
+                why = self._read_one()
+                if why is not None:
+                    with self._lock:
+                        self._fail_locked(why)
+                    return
 
 
 class _PlainClient:
@@ -492,4 +532,4 @@ class _ScramClient:
 
 
 __all__ = ["KafkaConnection", "DEFAULT_MAX_RESPONSE_BYTES", "ClientSecurity",
-           "SECURITY_DEFAULTS", "security_config"]
+           "SECURITY_DEFAULTS", "security_config", "set_receive_timeout"]

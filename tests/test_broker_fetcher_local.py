@@ -49,7 +49,7 @@ class _Local:
         self.leaders = leaders
 
     def channel(self, handle):
-        return ReplicaChannel(handle.channel_address())
+        return ReplicaChannel(handle.channel_address(), reader_thread=False)
 
     def side(self, handle):
         return handle

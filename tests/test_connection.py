@@ -88,6 +88,20 @@ def test_acks_zero_resolves_at_once_and_the_next_answer_still_pairs(broker):
         conn.close()
 
 
+def _answer_api_versions(conn) -> None:
+    """Read one request (ApiVersions) from ``conn`` and answer it with every version
+    actors.wire knows."""
+    size = int.from_bytes(conn.recv(4), "big")
+    frame = b""
+    while len(frame) < size:
+        frame += conn.recv(size - len(frame))
+    header, _ = wire.decode_request(frame)
+    conn.sendall(wire.encode_response(header, {
+        "error_code": 0, "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi}
+                                      for k, (lo, hi) in wire.SUPPORTED_VERSIONS.items()],
+        "throttle_time_ms": 0}))
+
+
 def test_a_connection_the_broker_drops_fails_pending_and_later_requests(tmp_path):
     """A server that closes the socket after ApiVersions: the long poll in flight and every
     later request fail with NetworkError (retriable), never hang."""
@@ -100,16 +114,7 @@ def test_a_connection_the_broker_drops_fails_pending_and_later_requests(tmp_path
     def serve():
         conn, _ = listener.accept()
         accepted.append(conn)
-        size = int.from_bytes(conn.recv(4), "big")
-        frame = b""
-        while len(frame) < size:
-            frame += conn.recv(size - len(frame))
-        header, _ = wire.decode_request(frame)
-        conn.sendall(wire.encode_response(header, {
-            "error_code": 0, "api_keys": [{"api_key": k, "min_version": lo,
-                                           "max_version": hi}
-                                          for k, (lo, hi) in wire.SUPPORTED_VERSIONS.items()],
-            "throttle_time_ms": 0}))
+        _answer_api_versions(conn)
         conn.recv(1 << 16)                 # the fetch arrives; then the broker "dies"
         conn.close()
 
@@ -134,3 +139,77 @@ def test_connecting_to_a_closed_port_is_a_network_error():
     s.close()
     with pytest.raises(NetworkError, match=str(port)):
         KafkaConnection("127.0.0.1", port, connect_timeout_s=2)
+
+
+def test_without_a_reader_thread_request_returns_answered_and_starts_no_thread(broker):
+    """reader_thread=False: each request comes back already answered (read on the
+    calling thread), produce and long-poll fetch alike, and no thread is started."""
+    before = {t.name for t in threading.enumerate()}
+    conn = KafkaConnection(*_address(broker), reader_thread=False, read_timeout_s=10)
+    try:
+        assert not any(t.name.startswith("kafka-conn") for t in threading.enumerate()
+                       if t.name not in before)
+        produced = conn.request(wire.PRODUCE, _produce_body([b"a", b"b"]))
+        assert produced.done()
+        assert produced.result(0)["responses"][0]["partition_responses"][0][
+            "base_offset"] == 0
+        fetched = conn.request(wire.FETCH, _fetch_body(0, max_wait_ms=100))
+        assert fetched.done()
+        records = fetched.result(0)["responses"][0]["partitions"][0]["records"]
+        assert [r.value for r in decode_records(bytes(records))] == [b"a", b"b"]
+    finally:
+        conn.close()
+
+
+def _silent_after_api_versions():
+    """A server answering ApiVersions, then reading requests and answering none: the
+    listener socket, its port, and the accepted connections (to close)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted = []
+
+    def serve():
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        _answer_api_versions(conn)
+        while conn.recv(1 << 16):
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1], accepted
+
+
+def test_without_a_reader_thread_a_late_answer_fails_the_connection():
+    """reader_thread=False: a broker that stays silent past read_timeout_s fails the
+    request and the connection with NetworkError (retriable), after about that long."""
+    import time
+    listener, port, accepted = _silent_after_api_versions()
+    conn = KafkaConnection("127.0.0.1", port, reader_thread=False, read_timeout_s=0.3)
+    started = time.monotonic()
+    future = conn.request(wire.FETCH, _fetch_body(0))
+    waited = time.monotonic() - started
+    with pytest.raises(NetworkError, match="did not answer within 0.3s"):
+        future.result(0)
+    assert 0.25 <= waited < 5
+    assert not conn.alive
+    for c in accepted:
+        c.close()
+    listener.close()
+
+
+def test_without_a_reader_thread_close_from_another_thread_ends_a_read():
+    """reader_thread=False: a request blocked reading (a long poll) ends with
+    NetworkError as soon as another thread closes the connection."""
+    import time
+    listener, port, accepted = _silent_after_api_versions()
+    conn = KafkaConnection("127.0.0.1", port, reader_thread=False, read_timeout_s=30)
+    threading.Timer(0.2, conn.close).start()
+    started = time.monotonic()
+    future = conn.request(wire.FETCH, _fetch_body(0, max_wait_ms=30000))
+    with pytest.raises(NetworkError):
+        future.result(0)
+    assert time.monotonic() - started < 5
+    for c in accepted:
+        c.close()
+    listener.close()

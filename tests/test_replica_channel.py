@@ -516,3 +516,60 @@ def test_positions_reported_from_the_reader_thread_never_block_it():
     finally:
         chan.close()
         thread.join(10)
+
+
+def test_a_channel_without_a_reader_thread_answers_through_result(tmp_path):
+    """reader_thread=False (a fetcher's channel): APPLYs sent back to back are answered
+    in order through ``result`` on the calling thread, errors raised as their classes;
+    the channel starts no thread and refuses a watch."""
+    leader = PartitionReplica("inline", 0, 0, str(tmp_path / "l"), {})
+    follower = PartitionReplica("inline", 0, 1, str(tmp_path / "f"), {})
+    try:
+        leader.become_leader(0, [0, 1], [0, 1])
+        leader.produce(build([b"x", b"y"]), 1, 1000)
+        leader.produce(build([b"z"]), 1, 1000)
+        state = follower.become_follower(0, 0, [0, 1], [0, 1], fetch=False)
+        readers = sum(t.name == "channel-read" for t in threading.enumerate())
+        chan = ReplicaChannel(follower.channel_address(), reader_thread=False)
+        assert sum(t.name == "channel-read" for t in threading.enumerate()) == readers
+        gen = state["generation"]
+        first = chan.apply(gen, 0, 0, 0, leader.log.read(0, 1 << 20, max_offset=2))
+        second = chan.apply(gen, 2, 3, 0, leader.log.read(2, 1 << 20))
+        assert not first.done()                 # nobody reads until the owner asks
+        assert chan.result(first, 5) == (2, 0)
+        assert chan.result(second, 5) == (3, 3)
+        with pytest.raises(IllegalArgumentError, match="acks"):
+            chan.result(chan.produce(build([b"w"]), acks=2), 5)
+        with pytest.raises(ValueError, match="no watch"):
+            chan.watch(lambda _ev: None)
+        assert chan.alive
+        chan.close()
+    finally:
+        leader.stop()
+        follower.stop()
+
+
+def test_a_channel_without_a_reader_thread_fails_when_an_answer_is_late():
+    """reader_thread=False: ``result`` gives up after its timeout with KafkaTimeoutError
+    and the channel is failed (a later request fails at once, no stream left half read)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address = "\0raykafka-test-silent-%d" % time.monotonic_ns()
+    server.bind(address)
+    server.listen()
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()[0]),
+                     daemon=True).start()
+    chan = ReplicaChannel(address, reader_thread=False)
+    try:
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError, match="no answer in 0.2s"):
+            chan.result(chan.fetch(0), 0.2)
+        assert 0.15 <= time.monotonic() - started < 5
+        assert not chan.alive
+        with pytest.raises(KafkaTimeoutError):
+            chan.result(chan.fetch(0), 0.2)
+    finally:
+        chan.close()
+        for c in accepted:
+            c.close()
+        server.close()

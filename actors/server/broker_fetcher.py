@@ -78,7 +78,8 @@ class LocalReplicas(Protocol):
     """How a fetcher reaches this broker's follower replicas and, rarely, a leader's."""
 
     def channel(self, handle) -> Any:
-        """An open ReplicaChannel to the replica (a new one after the last died)."""
+        """An open ReplicaChannel to the replica (a new one after the last died), for the
+        fetcher thread alone: without a reader thread, answers read with ``result``."""
 
     def side(self, handle):
         """The replica's truncation calls (FollowerSide's but ``apply_fetch``, which the
@@ -223,9 +224,13 @@ class BrokerFetcherThread:
         address = self.manager.endpoint(self.leader_id)
         if address is None:
             raise NetworkError(f"no listener known for broker {self.leader_id} (yet)")
+        # read on this thread (no reader thread to hand each response over): a read
+        # waits at most a long poll plus the request timeout
         conn = KafkaConnection(address[0], address[1],
                                client_id=f"broker-{self.manager.broker_id}-fetcher",
-                               security=self.manager.security)
+                               security=self.manager.security, reader_thread=False,
+                               read_timeout_s=self.settings.wait_max_ms / 1000
+                               + REQUEST_TIMEOUT_S)
         with self._cond:
             if self._stop:
                 conn.close()
@@ -343,16 +348,17 @@ class BrokerFetcherThread:
                 if (records is None or len(records) == 0) and hw == p.high_watermark:
                     continue
                 try:
-                    applies.append((p, self._channel(p).apply(
+                    channel = self._channel(p)
+                    applies.append((p, channel, channel.apply(
                         p.generation, p.fetch_offset, hw, part["log_start_offset"],
                         records if records is not None else b"")))
                 except Exception as exc:  # noqa: BLE001 - no channel: the replica is gone
                     self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
                                f"no channel to the local replica ({exc!r})")
                     self._delay([p])
-        for p, f in applies:
+        for p, channel, f in applies:
             try:
-                position = f.result(APPLY_TIMEOUT_S)
+                position = channel.result(f, APPLY_TIMEOUT_S)
             except InvalidRecordError as exc:
                 # the leader's batches do not follow our log end: truncate by epoch again
                 self._note(f"invalid-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
@@ -525,7 +531,7 @@ class RayLocalReplicas:
         import ray
         from .replica_channel import ReplicaChannel
         address = ray.get(handle.channel_address.remote(), timeout=REQUEST_TIMEOUT_S)
-        return ReplicaChannel(address)
+        return ReplicaChannel(address, reader_thread=False)
 
     def side(self, handle):
         return _RayFollowerSide(handle)

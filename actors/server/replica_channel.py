@@ -71,6 +71,7 @@ import time
 from typing import NamedTuple
 
 from .. import errors as _errors
+from ..connection import set_receive_timeout
 from ..errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError
 from ..protocol import FetchResult, ProduceResult, ReplicaFetchResult
 
@@ -443,10 +444,16 @@ class ReplicaChannel:
     ``concurrent.futures.Future`` objects (ProduceResult / FetchResult, or the replica's
     typed error). Thread-safe. When the connection ends (the replica died or stopped),
     every request in flight fails with NotLeaderForPartitionError, as does every later one:
-    the caller asks Ray for the replica's current address and opens a new channel."""
+    the caller asks Ray for the replica's current address and opens a new channel.
+
+    ``reader_thread=False`` is for a channel one thread owns (a follower broker's fetcher
+    applying what it fetched): no reader thread; the owner reads each answer itself with
+    ``result(future, timeout_s)``, which saves a thread hand-off per request. Such a
+    channel carries no watch, and a failed send or a late answer fails the whole channel
+    (a frame cut short would leave the stream undecodable)."""
 
     def __init__(self, address: str, *, connect_timeout_s: float = 5.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, reader_thread: bool = True):
         self.address = address
         self.max_frame_bytes = max_frame_bytes
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -474,7 +481,11 @@ class ReplicaChannel:
         self._watchers: dict[int, object] = {}     # watch request id -> callback
         self._next_id = 0
         self._dead: BaseException | None = None
-        threading.Thread(target=self._read_loop, daemon=True, name="channel-read").start()
+        self._inline = not reader_thread
+        self._read_lock = threading.Lock()          # inline: one reader at a time
+        self._read_timeout_s: float | None = None   # inline: the socket's SO_RCVTIMEO
+        if reader_thread:
+            threading.Thread(target=self._read_loop, daemon=True, name="channel-read").start()
 
     @property
     def alive(self) -> bool:
@@ -573,6 +584,8 @@ class ReplicaChannel:
         at once and then after each change (changes close together may come as one
         call). The future answers when the watch is in place; the watch ends with the
         channel."""
+        if self._inline:
+            raise ValueError("a channel without a reader thread carries no watch")
         return self._request(WATCH, [], None, watcher=callback)
 
     def close(self) -> None:
@@ -607,49 +620,83 @@ class ReplicaChannel:
                 if sent < total:                      # finish a short send, in order
                     self._sock.sendall(b"".join(bytes(p) for p in frame)[sent:])
         except OSError as exc:
+            failed = NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r} failed: {exc}")
+            if self._inline:
+                self._fail(failed)
+                return future
             with self._lock:
                 self._pending.pop(request_id, None)
                 self._watchers.pop(request_id, None)
             if not future.done():
-                future.set_exception(NotLeaderForPartitionError(
-                    f"replica channel {self.address[1:]!r} failed: {exc}"))
+                future.set_exception(failed)
         return future
 
+    def result(self, future: concurrent.futures.Future, timeout_s: float):
+        """The answer of a request made on this channel (its error raised), waiting at
+        most ``timeout_s`` (on a channel without a reader thread: for each read, done
+        here). A late answer raises KafkaTimeoutError, and on such a channel fails it."""
+        if not self._inline:
+            return wait(future, timeout_s)
+        with self._read_lock:
+            if not future.done():
+                why = None
+                try:
+                    if timeout_s != self._read_timeout_s:     # the kernel's, not a poll
+                        set_receive_timeout(self._sock, timeout_s)
+                        self._read_timeout_s = timeout_s
+                    while not future.done() and why is None:
+                        why = self._read_one()
+                except BlockingIOError:
+                    why = KafkaTimeoutError(f"replica channel {self.address[1:]!r}: no "
+                                            f"answer in {timeout_s}s")
+                except Exception as exc:  # noqa: BLE001 - whatever ends the reads fails it
+                    why = NotLeaderForPartitionError(
+                        f"replica channel {self.address[1:]!r} failed: {exc}")
+                if why is not None:
+                    self._fail(why)
+        return future.result(0)
+
+    def _read_one(self) -> BaseException | None:
+        """Read one answer and settle its request (or run its watcher); what ends the
+        channel (None while it goes on). Socket errors are the caller's."""
+        head = _recv_exactly(self._sock, _SIZE.size)
+        if head is None:
+            return NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r}: the replica closed it")
+        (size,) = _SIZE.unpack(head)
+        if size < 5 or size > self.max_frame_bytes + 64:
+            return NotLeaderForPartitionError(f"bad response frame of {size} bytes")
+        frame = _recv_exactly(self._sock, size)
+        if frame is None:
+            return NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r}: the replica closed it")
+        request_id, status = struct.unpack_from("<IB", frame, 0)
+        with self._lock:
+            watcher = self._watchers.get(request_id) if status == OK else \
+                self._watchers.pop(request_id, None)
+            take = self._pending.get if watcher is not None and status == OK \
+                else self._pending.pop
+            op, future = take(request_id, (None, None))
+        if future is None:
+            return None
+        if watcher is not None and status == OK:
+            if not future.done():
+                future.set_result(None)
+            try:
+                watcher(WatchEvent(*_WATCHED.unpack_from(frame, 5),
+                                   memoryview(frame)[5 + _WATCHED.size:]))
+            except Exception:  # noqa: BLE001 - the caller's bug must not end reads
+                log.exception("replica channel %r: watch callback failed", self.address[1:])
+        elif not future.done():
+            self._complete(op, status, memoryview(frame)[5:], future)
+        return None
+
     def _read_loop(self) -> None:
-        why: BaseException = NotLeaderForPartitionError(
-            f"replica channel {self.address[1:]!r}: the replica closed it")
+        why: BaseException | None = None
         try:
-            while True:
-                head = _recv_exactly(self._sock, _SIZE.size)
-                if head is None:
-                    break
-                (size,) = _SIZE.unpack(head)
-                if size < 5 or size > self.max_frame_bytes + 64:
-                    why = NotLeaderForPartitionError(f"bad response frame of {size} bytes")
-                    break
-                frame = _recv_exactly(self._sock, size)
-                if frame is None:
-                    break
-                request_id, status = struct.unpack_from("<IB", frame, 0)
-                with self._lock:
-                    watcher = self._watchers.get(request_id) if status == OK else \
-                        self._watchers.pop(request_id, None)
-                    take = self._pending.get if watcher is not None and status == OK \
-                        else self._pending.pop
-                    op, future = take(request_id, (None, None))
-                if future is None:
-                    continue
-                if watcher is not None and status == OK:
-                    if not future.done():
-                        future.set_result(None)
-                    try:
-                        watcher(WatchEvent(*_WATCHED.unpack_from(frame, 5),
-                                           memoryview(frame)[5 + _WATCHED.size:]))
-                    except Exception:  # noqa: BLE001 - the caller's bug must not end reads
-                        log.exception("replica channel %r: watch callback failed",
-                                      self.address[1:])
-                elif not future.done():
-                    self._complete(op, status, memoryview(frame)[5:], future)
+            while why is None:
+                why = self._read_one()
         except Exception as exc:  # noqa: BLE001 - whatever ends the reads fails the channel
             why = NotLeaderForPartitionError(
                 f"replica channel {self.address[1:]!r} failed: {exc}")
