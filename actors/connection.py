@@ -36,9 +36,9 @@ per connection, which also runs the futures' callbacks (keep them short).
 ``reader_thread=False`` is for a connection one thread owns and uses one request at a
 time (a follower broker's fetcher): no reader thread; ``request`` reads the response on
 the calling thread before it returns, each read bounded by ``read_timeout_s`` (past it
-the connection fails with NetworkError). That saves a thread hand-off per request: the
-reader thread's wake-up, the future's condition and a GIL transfer, twice per record
-replicated at linger 0. ``close`` from another thread still ends a read in progress.
+the connection fails with NetworkError). That saves a thread hand-off per request (the
+reader thread's wake-up, the future's condition and a GIL transfer): one per Fetch round
+of a follower broker. ``close`` from another thread still ends a read in progress.
 """
 
 from __future__ import annotations

@@ -112,23 +112,12 @@ def throughput(cluster, topic: str, records: int, warmup: int, size: int) -> dic
 
 
 def raw_append(work: str, name: str, nbytes: int) -> dict:
-    """``nbytes`` appended to a new file in ``work`` with 1 MiB writes, then removed:
-    MB/s and the CPU seconds per MB this process spent (module docstring)."""
-    chunk = os.urandom(1 << 20)
-    path = os.path.join(work, f"raw-append-{name}.bin")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        written = 0
-        while written < nbytes:
-            written += os.write(fd, chunk)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    mb = written / 1e6
-    return {f"raw_append_{name}_MB_per_s": round(mb / elapsed, 1),
-            f"raw_append_{name}_cpu_ms_per_MB": round(cpu * 1000 / mb, 3)}
+    """``nbytes`` appended to a new file in ``work`` 1 MiB at a time, then removed: MB/s
+    (storage_bench's raw append, module docstring)."""
+    from benchmarks.storage_bench import raw_append_MBps
+    mbps = raw_append_MBps(os.path.join(work, f"raw-append-{name}.bin"),
+                           os.urandom(1 << 20), nbytes)
+    return {f"raw_append_{name}_MB_per_s": round(mbps, 1)}
 
 
 # -- 4. end to end ------------------------------------------------------------------------------
