@@ -109,6 +109,7 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
                fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                consumer_config: dict | None = None,
                timeout_ms: int | None = None,
+               local_reads: bool = True,
                num_cpus: float | None = None,
                num_gpus: float | None = None,
                memory: float | None = None,
@@ -137,8 +138,11 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
     many offsets. ``fetch_max_bytes``: bytes per fetch. ``consumer_config``: the
     SimpleConsumer's config (kafka-python names: ``request_timeout_ms``, ``retries``, ...).
     ``timeout_ms``: as read_kafka, a read task that has not reached its end after this long
-    stops and returns what it read. The remaining arguments go to
-    ``ray.data.read_datasource`` (resources of each read task).
+    stops and returns what it read. ``local_reads``: a read task on the machine of a
+    partition's leader replica reads the committed batches from the replica's segment
+    files (the replica, asked through its actor handle, says where they are) instead of
+    fetching them through a broker (``iter_range``); False fetches everything. The
+    remaining arguments go to ``ray.data.read_datasource`` (resources of each read task).
 
     Raises, on the driver: UnknownTopicOrPartitionError (a topic or a partition named in
     an offset dict that does not exist), IllegalArgumentError (bad arguments, a start after
@@ -147,6 +151,8 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
     """
     if trigger != "once":
         raise IllegalArgumentError(f"only trigger='once' is supported, got {trigger!r}")
+    if not isinstance(local_reads, bool):
+        raise IllegalArgumentError(f"local_reads must be True or False, got {local_reads!r}")
     raydata_fix.fix()           # its tasks run at once from the start (jobs/raydata_fix.py)
     consumer_config = dict(consumer_config or {})
     cluster, ranges = plan_read(cluster, topics, start_offset, end_offset,
@@ -158,7 +164,8 @@ def read_topic(cluster, topics, start_offset="earliest", end_offset="latest", *,
                              max_records_per_task=max_records_per_task,
                              fetch_max_bytes=fetch_max_bytes,
                              consumer_config=consumer_config, timeout_ms=timeout_ms,
-                             estimated_bytes=_estimate_bytes(cluster, ranges, consumer_config))
+                             estimated_bytes=_estimate_bytes(cluster, ranges, consumer_config),
+                             local_reads=local_reads)
     if override_num_blocks is None:
         # as many blocks as read tasks (each task already cuts its output into blocks of
         # Ray's target size): Ray would otherwise split every task's output to reach its
@@ -334,8 +341,9 @@ class TopicDatasource(Datasource):
                  max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK,
                  fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
                  consumer_config: dict | None = None, timeout_ms: int | None = None,
-                 estimated_bytes: int | None = None):
+                 estimated_bytes: int | None = None, local_reads: bool = True):
         super().__init__()
+        self.local_reads = bool(local_reads)
         self.estimated_bytes = estimated_bytes
         self.namespace = namespace
         self.ranges = [(str(t), int(p), int(s), int(e)) for t, p, s, e in ranges]
@@ -362,7 +370,8 @@ class TopicDatasource(Datasource):
             read = functools.partial(
                 _read_range, self.namespace, topic, p, start, end,
                 consumer_config=self.consumer_config, fetch_max_bytes=self.fetch_max_bytes,
-                timeout_ms=self.timeout_ms, block_bytes=self.target_block_bytes)
+                timeout_ms=self.timeout_ms, block_bytes=self.target_block_bytes,
+                local_reads=self.local_reads)
             # num_rows stays unknown: offsets are an upper bound only (compacted topics
             # have gaps), and Ray's count() would return the metadata without reading
             meta = BlockMetadata(num_rows=None, size_bytes=None,
@@ -376,7 +385,7 @@ class TopicDatasource(Datasource):
 
 def _read_range(namespace: str, topic: str, partition: int, start: int, end: int, *,
                 consumer_config: dict, fetch_max_bytes: int, timeout_ms: int | None,
-                block_bytes: int | None):
+                block_bytes: int | None, local_reads: bool = True):
     """One read task: the records of ``topic-partition`` in [start, end) as Arrow blocks
     of ``SCHEMA`` (about ``block_bytes`` each; at least one block, empty for an empty
     range)."""
@@ -386,7 +395,7 @@ def _read_range(namespace: str, topic: str, partition: int, start: int, end: int
     emitted = False
     for table in iter_range(namespace, topic, partition, start, end,
                             consumer_config=consumer_config, fetch_max_bytes=fetch_max_bytes,
-                            timeout_ms=timeout_ms):
+                            timeout_ms=timeout_ms, local_reads=local_reads):
         block = to_block(table, topic, partition)
         pending.append(block)
         pending_bytes += block.nbytes
@@ -403,12 +412,18 @@ def _read_range(namespace: str, topic: str, partition: int, start: int, end: int
 def iter_range(namespace: str, topic: str, partition: int, start: int, end: int, *,
                consumer_config: dict | None = None,
                fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
-               timeout_ms: int | None = None):
+               timeout_ms: int | None = None, local_reads: bool = True):
     """The records of ``topic-partition`` in [start, end) as the non-empty tables of
     ``SimpleConsumer.iter_columns`` (one per fetch: offset, timestamp, timestamp_type, key,
-    value, headers), read from the partition leader through its actor handle, one fetch in
-    flight while the previous one decodes. What every reader of jobs/ runs: Ray Data's
-    read tasks and Spark's Python workers (``jobs.spark.read_topic_df``).
+    value, headers). What every reader of jobs/ runs: Ray Data's read tasks and Spark's
+    Python workers (``jobs.spark.read_topic_df``).
+
+    When the leader replica is on this Ray node (and ``local_reads``), the committed
+    batches are read from its segment files (``SimpleConsumer.iter_local_columns``: the
+    replica, asked through its actor handle, says where they are), with no broker in the
+    way; whatever that cannot read (the leader elsewhere, a segment deleted or compacted
+    meanwhile) is fetched from the leader broker, one fetch in flight while the previous
+    one decodes.
 
     Attaches this process to the cluster's Ray (``Cluster.connect(namespace)``: ``ray.init``
     the first time in a process, a name lookup afterwards). A retriable failure (a leader
@@ -423,6 +438,21 @@ def iter_range(namespace: str, topic: str, partition: int, start: int, end: int,
     pos = start
     failures = 0
     try:
+        if local_reads:
+            local = consumer.iter_local_columns(topic, partition, pos, end,
+                                                max_bytes=fetch_max_bytes)
+            while True:
+                try:
+                    table = next(local)
+                except StopIteration as done:
+                    pos = done.value
+                    break
+                pos = table.column("offset")[-1].as_py() + 1
+                yield table
+                if _timed_out(started, timeout_ms, topic, partition, pos, end):
+                    return
+            if pos >= end:
+                return
         while True:
             try:
                 for _, table in consumer.iter_columns(
@@ -432,11 +462,7 @@ def iter_range(namespace: str, topic: str, partition: int, start: int, end: int,
                     if table.num_rows:
                         pos = table.column("offset")[-1].as_py() + 1
                         yield table
-                    if timeout_ms is not None and pos < end and \
-                            (time.monotonic() - started) * 1000 >= timeout_ms:
-                        log.warning("read task of %s-%d timed out after %d ms at offset %d "
-                                    "before its end offset %d; returning what it read",
-                                    topic, partition, timeout_ms, pos, end)
+                    if _timed_out(started, timeout_ms, topic, partition, pos, end):
                         return
                 return
             except Exception as exc:  # noqa: BLE001 - retried or raised below
@@ -449,6 +475,17 @@ def iter_range(namespace: str, topic: str, partition: int, start: int, end: int,
                 time.sleep(min(RETRY_BACKOFF_S * 2 ** (failures - 1), RETRY_BACKOFF_MAX_S))
     finally:
         consumer.close()
+
+
+def _timed_out(started: float, timeout_ms: int | None, topic: str, partition: int,
+               pos: int, end: int) -> bool:
+    """Whether a read started at ``started`` (monotonic s) and now at ``pos`` short of
+    ``end`` has run past ``timeout_ms`` (then with a warning)."""
+    if timeout_ms is None or pos >= end or (time.monotonic() - started) * 1000 < timeout_ms:
+        return False
+    log.warning("read task of %s-%d timed out after %d ms at offset %d before its end "
+                "offset %d; returning what it read", topic, partition, timeout_ms, pos, end)
+    return True
 
 
 def to_block(table: pa.Table, topic: str, partition: int) -> pa.Table:

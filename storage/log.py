@@ -533,14 +533,9 @@ class Log:
                 break
         return b""
 
-    def count_records(self, start: int, end: int, *, max_batches: int | None = None
-                      ) -> int | None:
-        """How many records have offsets in [start, end), control batches left out (what
-        a reader of that range gets): from the batch headers, without reading the
-        records, except in the (at most two) batches the bounds cut, which are decoded.
-        None when that takes more than ``max_batches`` headers. Exact on compacted logs
-        too (a cleaned batch's records_count is what it kept). OffsetOutOfRangeError for
-        bounds outside the log."""
+    def _checked_range(self, start, end) -> _View:
+        """The current view, once [start, end) is checked to be a range of offsets within
+        it (OffsetOutOfRangeError otherwise)."""
         v = self._view
         for name, value in (("start", start), ("end", end)):
             if not isinstance(value, int) or isinstance(value, bool):
@@ -549,6 +544,17 @@ class Log:
             raise OffsetOutOfRangeError(
                 f"[{start}, {end}) is not a range within [{v.log_start_offset}, "
                 f"{v.log_end_offset}] of {self.path}")
+        return v
+
+    def count_records(self, start: int, end: int, *, max_batches: int | None = None
+                      ) -> int | None:
+        """How many records have offsets in [start, end), control batches left out (what
+        a reader of that range gets): from the batch headers, without reading the
+        records, except in the (at most two) batches the bounds cut, which are decoded.
+        None when that takes more than ``max_batches`` headers. Exact on compacted logs
+        too (a cleaned batch's records_count is what it kept). OffsetOutOfRangeError for
+        bounds outside the log."""
+        v = self._checked_range(start, end)
         total = seen = 0
         i = max(bisect.bisect_right(v.bases, start) - 1, 0)
         for seg in v.segments[i:]:
@@ -572,6 +578,38 @@ class Log:
                         seg.pread(h.size, h.position))["offset"])
                     total += int(((offsets >= start) & (offsets < end)).sum())
         return total
+
+    def file_ranges(self, start: int, end: int) -> list[tuple[str, int, int, int]]:
+        """Where the whole batches holding offsets [start, end) are in the segment files,
+        one ``(log file path, position, size, base offset of its first batch)`` per
+        segment: what a reader on this machine may ``pread`` instead of fetching. The
+        first batch may begin before ``start`` and the last end after ``end`` (a reader
+        drops those records). ``end`` must not pass what may be read (a leader's high
+        watermark: every batch below it is whole on disk and never truncated). The
+        positions are those at the call: a segment deleted or compacted since is gone
+        from its path or rewritten, which a reader detects (file missing, base offset or
+        framing wrong) and then fetches instead. OffsetOutOfRangeError for bounds
+        outside the log."""
+        v = self._checked_range(start, end)
+        out = []
+        i = max(bisect.bisect_right(v.bases, start) - 1, 0)
+        for seg in v.segments[i:]:
+            if seg.base_offset >= end:
+                break
+            size = seg.size                     # appends past it are not ours to read
+            first = seg.translate_offset(max(start, seg.base_offset), end=size)
+            if first is None or first.base_offset >= end:
+                continue
+            after = seg.translate_offset(end, end=size)   # first batch reaching ``end``
+            if after is None:
+                stop = size
+            elif after.base_offset < end:       # holds end - 1 too: read it whole
+                stop = after.position + after.size
+            else:
+                stop = after.position
+            out.append((seg.log_path, first.position, stop - first.position,
+                        first.base_offset))
+        return out
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         """The first offset whose record timestamp is >= ``timestamp_ms`` (None if none)."""

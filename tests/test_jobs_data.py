@@ -12,10 +12,12 @@ import pyarrow as pa
 import pytest
 
 from actors import Cluster
-from actors.errors import (IllegalArgumentError, InvalidConfigurationError,
-                           OffsetOutOfRangeError, UnknownTopicOrPartitionError)
+from actors.errors import (BrokerNotAvailableError, IllegalArgumentError,
+                           InvalidConfigurationError, OffsetOutOfRangeError,
+                           UnknownTopicOrPartitionError)
 from cluster_helpers import ray, start_ray, stop_ray, unique_namespace, wait_until
-from jobs.data import SCHEMA, TopicDatasource, read_topic, resolve_ranges, write_topic
+from jobs.data import (SCHEMA, TopicDatasource, iter_range, read_topic, resolve_ranges,
+                       write_topic)
 
 # a session long enough that pausing a broker for a few seconds does not expire it
 CONFIG = {"zookeeper.session.timeout.ms": 20000}
@@ -453,3 +455,36 @@ def test_ray_data_asks_again_at_once_while_its_resource_limits_are_zero():
     assert ResourceManager.get_global_limits(owner).cpu == 2       # asked again at once
     # once answered, the limits are kept for Ray Data's interval as before
     assert ResourceManager.get_global_limits(owner).cpu == 2
+
+
+def test_reads_on_the_leaders_node_take_the_segment_files_not_a_broker(cluster):
+    """On the leaders' node iter_range (what read_topic's tasks run) reads the segment
+    files, so a reader whose consumer cannot reach any broker (an SSL listener asked for,
+    none there) still gets every record of the range; with local_reads=False it fetches,
+    and the same read fails typed. read_topic gives the same rows either way; a non-bool
+    local_reads is an IllegalArgumentError."""
+    no_broker = {"security_protocol": "SSL", "retries": 0, "default_api_timeout_ms": 5000}
+    for p in range(PARTS):
+        tables = list(iter_range(cluster.namespace, "plain", p, 3, PER_PART - 2,
+                                 consumer_config=no_broker))
+        values = [v for t in tables for v in t.column("value").to_pylist()]
+        assert values == [b"p%d-%d" % (p, i) for i in range(3, PER_PART - 2)]
+    with pytest.raises(BrokerNotAvailableError, match="SSL"):
+        list(iter_range(cluster.namespace, "plain", 0, 0, PER_PART, consumer_config=no_broker,
+                        local_reads=False))
+    fetched = read_all(read_topic(cluster, "plain", local_reads=False))
+    assert offsets(fetched) == {p: list(range(PER_PART)) for p in range(PARTS)}
+    assert by_partition(read_all(read_topic(cluster, "plain"))) == by_partition(fetched)
+    with pytest.raises(IllegalArgumentError):
+        read_topic(cluster, "plain", local_reads="yes")
+
+
+def test_a_read_past_its_timeout_returns_what_it_read(cluster, caplog):
+    """timeout_ms=0: iter_range stops after its first table, from the files or fetched,
+    with a warning naming the offset it reached."""
+    for local in (True, False):
+        caplog.clear()
+        tables = list(iter_range(cluster.namespace, "plain", 0, 0, PER_PART, timeout_ms=0,
+                                 fetch_max_bytes=64, local_reads=local))
+        assert len(tables) == 1 and tables[0].num_rows < PER_PART, local
+        assert "timed out" in caplog.text, local

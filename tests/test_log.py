@@ -803,3 +803,41 @@ def test_count_records_leaves_control_batches_out_and_stops_at_max_batches(tmp_p
         for start, end in ((-1, 3), (0, 7), (4, 2)):
             with pytest.raises(OffsetOutOfRangeError):
                 log.count_records(start, end)
+
+
+# -- where a range is in the files (a local reader's pread) --------------------------------
+def test_file_ranges_locate_whole_batches_holding_exactly_the_range(tmp_path):
+    """file_ranges(start, end) gives, segment by segment, file spans of whole batches: read
+    with pread and decoded, they hold every record of [start, end) and only the batches
+    holding some of them (cut mid-batch, across segments, compressed batches included);
+    an empty range gives []; bounds outside the log are OffsetOutOfRangeError."""
+    from storage.records import CODEC_LZ4
+    with Log.open(str(tmp_path), LogConfig(segment_bytes=4096)) as log:
+        for i in range(40):
+            log.append(make_batch(1 + i % 7, compression=CODEC_LZ4 if i % 3 == 0 else 0))
+        assert len(log.segments) > 3
+        leo = log.log_end_offset
+        rng = random.Random(11)
+        bounds = [(0, leo), (5, 6), (leo - 1, leo)] + \
+            [tuple(sorted((rng.randrange(leo + 1), rng.randrange(leo + 1)))) for _ in range(40)]
+        for start, end in bounds:
+            spans = log.file_ranges(start, end)
+            if start == end:
+                assert spans == [], (start, end)
+                continue
+            got = []
+            for path, position, size, first_base in spans:
+                with open(path, "rb") as f:
+                    f.seek(position)
+                    data = f.read(size)
+                assert len(data) == size
+                batches = list(iter_headers(data))
+                assert batches[0].base_offset == first_base
+                assert sum(b.size for b in batches) == size         # whole batches only
+                for b in batches:
+                    assert b.last_offset >= start and b.base_offset < end, (start, end)
+                    got += [r.offset for r in kafka_records(data[b.position:b.position + b.size])]
+            assert [o for o in got if start <= o < end] == list(range(start, end))
+        for start, end in ((-1, 3), (0, leo + 1), (4, 2), (0, "1")):
+            with pytest.raises(OffsetOutOfRangeError):
+                log.file_ranges(start, end)

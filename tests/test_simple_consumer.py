@@ -150,3 +150,59 @@ def test_count_records_asks_the_leader_replica_without_reading(md):
         consumer.count_records("counted", 0, 5, 4)
     with pytest.raises(UnknownTopicOrPartitionError):
         consumer.count_records("counted", 9, 0, 1)
+
+
+def _local(consumer, *args, **kwargs):
+    """(values read, the offset iter_local_columns returned)."""
+    gen = consumer.iter_local_columns(*args, **kwargs)
+    values = []
+    while True:
+        try:
+            values += next(gen).column("value").to_pylist()
+        except StopIteration as done:
+            return values, done.value
+
+
+def test_iter_local_columns_reads_the_leaders_segment_files_as_a_fetch_would(md):
+    """On the leader replica's node, iter_local_columns gives the records of [start, end)
+    from the replica's files (cut mid-batch at both ends, across segments, with reads
+    smaller than a batch) and returns end; a range past the high watermark stops at it."""
+    fill(md, "local", partitions=2, n=300, log_config={"segment.bytes": 2048,
+                                                       "retention.ms": -1})
+    consumer = SimpleConsumer(md)
+    assert len(consumer._call_replica("local", 0, "file_ranges", 0, 300)["ranges"]) > 1
+    assert _local(consumer, "local", 1, 150, 251) == ([b"p1-%d" % i for i in range(150, 251)],
+                                                      251)
+    for max_bytes in (10, 700, 1 << 20):
+        assert _local(consumer, "local", 0, 0, 300, max_bytes=max_bytes) == \
+            ([b"p0-%d" % i for i in range(300)], 300)
+    assert _local(consumer, "local", 0, 290, 10_000) == ([b"p0-%d" % i for i in range(290, 300)],
+                                                         300)
+    assert _local(consumer, "local", 0, 7, 7) == ([], 7)
+
+
+def test_iter_local_columns_stops_where_the_files_do_not_hold_what_the_replica_said(md):
+    """Without an error, iter_local_columns reads nothing and returns its start when the
+    leader is on another node, the file is gone, or the batch is not where the replica
+    said (a segment compacted or deleted since): the caller fetches instead."""
+    fill(md, "moved", partitions=1, n=300)
+    consumer = SimpleConsumer(md)
+    real = consumer._call_replica("moved", 0, "file_ranges", 100, 200)
+    path, position, size, base = real["ranges"][0]
+
+    def answering(**change):
+        def call(topic, partition, method, *args):
+            answer = dict(real)
+            ranges = [list(r) for r in real["ranges"]]
+            for i, value in change.pop("range", {}).items():
+                ranges[0][i] = value
+            answer.update(change, ranges=[tuple(r) for r in ranges])
+            return answer
+        return call
+
+    for change in ({"node_id": "another node"}, {"range": {0: path + ".deleted"}},
+                   {"range": {1: position + 1}}, {"range": {3: base + 100}}):
+        consumer._call_replica = answering(**change)
+        assert _local(consumer, "moved", 0, 100, 200) == ([], 100), change
+    with pytest.raises(IllegalArgumentError):
+        next(consumer.iter_local_columns("moved", 0, -1, 5))

@@ -534,6 +534,25 @@ class PartitionReplica:
             raise OffsetOutOfRangeError(f"end offset {end} is past the high watermark {hw}")
         return self.log.count_records(start, end, max_batches=max_batches)
 
+    def file_ranges(self, start: int, end: int) -> dict:
+        """For a reader on this replica's machine (a job's read task): where the committed
+        records [start, min(end, HW)) are in the log's files, so it reads them with
+        ``pread`` instead of through a broker. ``{"node_id", "high_watermark", "ranges":
+        Log.file_ranges}``; the reader checks what it reads (CRC, framing, offsets) and
+        fetches instead where the files no longer hold it. OffsetOutOfRangeError for a
+        start outside [log start, HW]."""
+        self._require_leader_for_reads()
+        hw = self.high_watermark
+        if not isinstance(start, int) or isinstance(start, bool) or \
+                not self.log.log_start_offset <= start <= hw:
+            raise OffsetOutOfRangeError(
+                f"start offset {start!r} is outside [{self.log.log_start_offset}, {hw}]")
+        if not isinstance(end, int) or isinstance(end, bool):
+            raise OffsetOutOfRangeError(f"end offset must be an integer, got {end!r}")
+        stop = max(min(end, hw), start)
+        return {"node_id": self.node_id(), "high_watermark": hw,
+                "ranges": self.log.file_ranges(start, stop) if start < stop else []}
+
     def delete_records_before(self, offset: int) -> int:
         self._require_leader()
         try:
