@@ -284,6 +284,7 @@ class SimpleConsumer:
                 return pos
             try:
                 expected = first_base       # base offset of the next batch, at least
+                first = True                # the batch at ``position`` starts at first_base
                 stop = position + size
                 while position < stop:
                     data = os.pread(fd, min(max(max_bytes, LOG_OVERHEAD), stop - position),
@@ -299,10 +300,11 @@ class SimpleConsumer:
                             raise CorruptRecordError(f"truncated batch at {position}")
                     data = data if whole == len(data) else memoryview(data)[:whole]
                     base = struct.unpack_from(">q", data, 0)[0]
-                    if base < expected or (expected == first_base and base != first_base):
+                    if base < expected or (first and base != first_base):
                         raise CorruptRecordError(
                             f"batch at position {position} has base offset {base}, "
                             f"expected {expected}")
+                    first = False
                     table = _table(pos, data)
                     position += whole
                     if table.num_rows:
