@@ -250,16 +250,18 @@ def iter_headers(buf, position: int = 0, *, check_crc: bool = True) -> Iterator[
         position += header.size
 
 
-def valid_prefix(buf, position: int = 0) -> tuple[int, list[BatchHeader], str | None]:
+def valid_prefix(buf, position: int = 0, *, check_crc: bool = True
+                 ) -> tuple[int, list[BatchHeader], str | None]:
     """Scan ``buf`` from ``position``; return (bytes of whole valid batches, their headers,
     why the scan stopped or None at a clean end). Never raises for bad data: recovery uses it
-    to find the first invalid byte."""
+    to find the first invalid byte. ``check_crc=False`` checks framing only (for a reader
+    whose decode checks the CRCs anyway)."""
     end = len(buf)
     headers: list[BatchHeader] = []
     start = position
     while position < end:
         try:
-            header = parse_header(buf, position)
+            header = parse_header(buf, position, check_crc=check_crc)
         except CorruptRecordError as exc:
             return position - start, headers, str(exc)
         headers.append(header)

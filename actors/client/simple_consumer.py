@@ -57,7 +57,7 @@ import numpy as np
 import ray
 
 from storage.records import (LOG_OVERHEAD, CorruptRecordError, decode_columns,
-                             decode_records, iter_headers, numbers_view)
+                             decode_records, iter_headers, numbers_view, valid_prefix)
 
 from .. import wire
 from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
@@ -283,42 +283,37 @@ class SimpleConsumer:
                           exc, pos)
                 return pos
             try:
-                expected = first_base       # base offset of the next batch, at least
+                expected = first_base       # the next batch's base offset, at least
                 first = True                # the batch at ``position`` starts at first_base
                 stop = position + size
                 while position < stop:
                     data = os.pread(fd, min(max(max_bytes, LOG_OVERHEAD), stop - position),
                                     position)
-                    whole = _whole_batches_length(data)
-                    if whole == 0:          # one batch larger than max_bytes: read it whole
-                        if len(data) < LOG_OVERHEAD:
-                            raise CorruptRecordError(f"truncated batch at {position}")
+                    whole, headers, why = valid_prefix(data, check_crc=False)
+                    if not headers and len(data) >= LOG_OVERHEAD:
                         length = struct.unpack_from(">i", data, 8)[0] + LOG_OVERHEAD
-                        data = os.pread(fd, min(length, stop - position), position)
-                        whole = _whole_batches_length(data)
-                        if whole == 0:
-                            raise CorruptRecordError(f"truncated batch at {position}")
-                    data = data if whole == len(data) else memoryview(data)[:whole]
-                    base = struct.unpack_from(">q", data, 0)[0]
-                    if base < expected or (first and base != first_base):
-                        raise CorruptRecordError(
-                            f"batch at position {position} has base offset {base}, "
-                            f"expected {expected}")
-                    first = False
-                    table = _table(pos, data)
+                        if len(data) < length <= stop - position:
+                            # one batch larger than max_bytes: read it whole
+                            data = os.pread(fd, length, position)
+                            whole, headers, why = valid_prefix(data, check_crc=False)
+                    if not headers:
+                        raise CorruptRecordError(f"no whole batch at {position}: {why}")
+                    for h in headers:
+                        if h.base_offset < expected or (first and h.base_offset != first_base):
+                            raise CorruptRecordError(
+                                f"batch at position {position + h.position} has base offset "
+                                f"{h.base_offset}, expected {expected}")
+                        first = False
+                        expected = h.next_offset
                     position += whole
-                    if table.num_rows:
-                        offsets = numbers_view(table.column("offset").chunk(0))
-                        if int(offsets[0]) < expected:
-                            raise CorruptRecordError(f"offsets go back at {position}")
-                        expected = int(offsets[-1]) + 1
-                        if expected > end:
-                            table = table.filter(_lt(table, end))
-                        if table.num_rows:
-                            pos = int(numbers_view(table.column("offset").chunk(0))[-1]) + 1
-                            yield table
-                    if pos >= end:
-                        return pos
+                    table = _table(pos, data if whole == len(data) else memoryview(data)[:whole])
+                    offsets = numbers_view(table.column("offset").chunk(0))
+                    keep = int(np.searchsorted(offsets, end))   # offsets ascend: a slice
+                    if keep:
+                        pos = int(offsets[keep - 1]) + 1
+                        yield table if keep == len(offsets) else table.slice(0, keep)
+                    if expected >= end:     # the batches read hold every record < end
+                        return end
             except (OSError, CorruptRecordError) as exc:
                 log.debug("%s-%d: local read of %s stopped (%r): fetching from %d", topic,
                           partition, path, exc, pos)
@@ -522,18 +517,6 @@ def _check_request(topic, partition, offset, max_bytes) -> None:
 def _check_wait(max_wait_ms, min_bytes) -> None:
     _check_int("max_wait_ms", max_wait_ms, 0)
     _check_int("min_bytes", min_bytes, 0)
-
-
-def _whole_batches_length(data) -> int:
-    """How many leading bytes of ``data`` are whole batches (by their length fields)."""
-    n = len(data)
-    at = 0
-    while at + LOG_OVERHEAD <= n:
-        size = struct.unpack_from(">i", data, at + 8)[0] + LOG_OVERHEAD
-        if size <= LOG_OVERHEAD or at + size > n:
-            break
-        at += size
-    return at
 
 
 def _lt(table, end: int):
