@@ -19,7 +19,10 @@ phase; wire_bench.warm_group_coordinator):
 - ``local_*``: the same confluent-kafka produce, consume and paced e2e against a
   LocalBroker (one Python process: our listener and handlers over a storage.Log, no Ray,
   no replica hop): the ceiling this client and a Python broker leave on this machine, with
-  ``confluent_produce_vs_local`` / ``confluent_consume_vs_local`` as ratios.
+  ``confluent_produce_vs_local`` / ``confluent_consume_vs_local`` as ratios;
+  ``client_consume_ceiling_records_per_s`` (and ``_nogc_``): ``consume(100000)`` timed
+  only once librdkafka holds every record in its own queues, the records counted and not
+  read, so no broker is in it: the most this Python client hands over here.
 - ``confluent_e2e_p50_ms`` / ``_p99_ms``: a confluent-kafka producer (acks=all, linger 0)
   paced at 1,000 records/s into the RF=1 topic, a consumer long-polling every partition
   stamping their arrival (benchmarks/wire_bench.e2e_once); ``confluent_e2e_rf3_*`` the same
@@ -65,6 +68,7 @@ GOAL_CONSUME = 3_000_000
 GOAL_E2E_P50_X = 2.0
 GOAL_E2E_P99_X = 10.0
 WAIT_S = 120
+PREFETCH_S_PER_MILLION = 4.0   # the client's fetch of every record before a timed hand-over
 PROFILE_RATE = 100             # py-spy samples per second
 
 
@@ -87,11 +91,17 @@ def _topic(cluster, name: str, rf: int) -> str:
 # -- confluent-kafka ------------------------------------------------------------------------
 def confluent_produce(bootstrap: str, topic: str, records: int, acks: str) -> dict:
     """``records`` 100-byte records, CHUNK at a time to one partition after another, with
-    produce_batch; every delivery report checked. Records/s from the first produce to the
-    last acknowledgement."""
+    produce_batch. Records/s from the first produce to the last acknowledgement.
+
+    ``delivery.report.only.error``: librdkafka reports only the records that failed, so
+    the Python callback runs per failure instead of per record (about 0.3 s of the client's
+    CPU per million records here, on the thread that also calls produce). Nothing goes
+    unchecked: a failed record is reported, and ``flush`` returning 0 means every record
+    was acknowledged."""
     from confluent_kafka import Producer
     producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5,
                          "batch.size": 1_000_000, "compression.type": "none",
+                         "delivery.report.only.error": True,
                          "queue.buffering.max.messages": 1_000_000,
                          "queue.buffering.max.kbytes": 1_048_576})
     payload = os.urandom(RECORD_SIZE)
@@ -123,34 +133,70 @@ def confluent_produce(bootstrap: str, topic: str, records: int, acks: str) -> di
             "MB_per_s": round(records * RECORD_SIZE / elapsed / 1e6, 1)}
 
 
-def confluent_consume(bootstrap: str, topic: str, records: int) -> dict:
+def confluent_consume(bootstrap: str, topic: str, records: int, *, prefetch: bool = False,
+                      gc_off: bool = False) -> dict:
     """Every partition assigned from the beginning; consume(100000) until ``records``
-    were read (their values' bytes counted)."""
+    were read (their values' bytes counted).
+
+    ``prefetch``: the clock starts only once librdkafka holds every record in its own
+    queues (its statistics' ``fetchq_cnt``), and the records handed over are counted, not
+    looked at: what is timed is ``consume`` alone, the most this client can hand a Python
+    program here whatever the broker does (a program that reads each record's value, as
+    the timed runs do, gets less). ``gc_off``: Python's garbage collector disabled while
+    timing (the 100,000 Message objects a call returns trigger collections)."""
+    import gc
+    import json as _json
+
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "clients-bench",
-                         "enable.auto.commit": False, "fetch.max.bytes": 52_428_800,
-                         "max.partition.fetch.bytes": 10_485_760,
-                         "queued.max.messages.kbytes": 1_048_576,
-                         "queued.min.messages": 10_000_000})
+    peak = [0]
+
+    def stats(raw: str) -> None:
+        parts = _json.loads(raw).get("topics", {}).get(topic, {}).get("partitions", {})
+        # the partitions' fetch queues forward to the consumer's: each reports that count
+        peak[0] = max([peak[0]] + [p.get("fetchq_cnt", 0) for p in parts.values()])
+
+    conf = {"bootstrap.servers": bootstrap, "group.id": "clients-bench",
+            "enable.auto.commit": False, "fetch.max.bytes": 52_428_800,
+            "max.partition.fetch.bytes": 10_485_760,
+            "queued.max.messages.kbytes": 1_048_576,
+            "queued.min.messages": 10_000_000}
+    if prefetch:
+        conf.update({"statistics.interval.ms": 100, "stats_cb": stats})
+    consumer = Consumer(conf)
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
     got = nbytes = 0
     deadline = time.monotonic() + WAIT_S
     t0 = None
     try:
+        if prefetch:
+            # Let librdkafka fetch everything (about 1.2 s per million here). Taking even
+            # one record to serve the statistics callback before the clock made every
+            # consume() after it about 2.5 times slower, so the wait is a time, and the
+            # statistics served by the timed calls prove afterwards that it was enough.
+            time.sleep(PREFETCH_S_PER_MILLION * max(records / 1e6, 1.0))
+        if gc_off:
+            gc.disable()
         while got < records and time.monotonic() < deadline:
             asked = time.perf_counter()
             msgs = consumer.consume(100_000, 1.0)
             if t0 is None and msgs:
                 t0 = asked       # from the call that returned the first records: the
+            if prefetch:         # the bare hand-over: no record looked at
+                got += len(msgs)
+                continue
             for m in msgs:       # assign's own metadata and offset lookups are not counted
                 if m.error() is None:
                     got += 1
                     nbytes += len(m.value())
         elapsed = time.perf_counter() - (t0 or time.perf_counter())
     finally:
+        gc.enable()
         consumer.close()
     if got < records:
         raise RuntimeError(f"confluent consume read {got} of {records} in {WAIT_S}s")
+    if prefetch and peak[0] < records:
+        raise RuntimeError(f"confluent consume: {peak[0]} of {records} records were in the "
+                           f"client's queue before the clock: not the hand-over alone")
     return {"records": got, "records_per_s": round(got / elapsed) if elapsed else None,
             "MB_per_s": round(nbytes / elapsed / 1e6, 1) if elapsed else None}
 
@@ -190,12 +236,19 @@ def _local(records: int, seconds: float) -> dict:
         bootstrap = f"127.0.0.1:{port}"
         produced = confluent_produce(bootstrap, "local", records, "1")
         consumed = confluent_consume(bootstrap, "local", records)
+        handed = confluent_consume(bootstrap, "local", records, prefetch=True)
+        handed_nogc = confluent_consume(bootstrap, "local", records, prefetch=True,
+                                        gc_off=True)
         e2e = e2e_once(bootstrap, "local", PARTITIONS, 1000, seconds)
     finally:
         _end(proc)
-    say(f"  local broker: produce {produced}, consume {consumed}, e2e {e2e}")
+    say(f"  local broker: produce {produced}, consume {consumed}, e2e {e2e}; records "
+        f"already in the client handed to Python: {handed} (garbage collector off: "
+        f"{handed_nogc})")
     return {"local_produce_records_per_s": produced["records_per_s"],
             "local_consume_records_per_s": consumed["records_per_s"],
+            "client_consume_ceiling_records_per_s": handed["records_per_s"],
+            "client_consume_ceiling_nogc_records_per_s": handed_nogc["records_per_s"],
             "local_e2e_p50_ms": e2e["p50_ms"], "local_e2e_p99_ms": e2e["p99_ms"],
             "local_records": records}
 
@@ -326,6 +379,10 @@ def table(out: dict) -> None:
              ""),
             ("confluent-kafka consume, LocalBroker (floor)", "local_consume_records_per_s",
              ""),
+            ("  records already in the client, handed over",
+             "client_consume_ceiling_records_per_s", "(the client's ceiling)"),
+            ("  the same, garbage collector off", "client_consume_ceiling_nogc_records_per_s",
+             ""),
             ("redis-py XADD, pipelines of 1000", "redis_xadd_records_per_s", ""),
             ("redis-py XREADGROUP NOACK COUNT 1000", "redis_xreadgroup_records_per_s", "")]
     say(f"\n{'records/s (100-byte records)':<44}{'measured':>14}  goal")
@@ -357,6 +414,9 @@ def main(argv=None) -> int:
                     help="Redis records (default 300,000; --quick 100,000)")
     ap.add_argument("--e2e-seconds", type=float, default=None,
                     help="seconds of each paced latency run (default 10; --quick 5)")
+    ap.add_argument("--keep-topics", action="store_true",
+                    help="make the four topics at the start and keep them through every "
+                         "phase (default: each topic lives only through its own phases)")
     ap.add_argument("--profile", type=int, default=0, metavar="SECONDS",
                     help="py-spy the brokers for this long during an extra confluent "
                          "RF=1 produce (default 0: no profile)")
@@ -369,7 +429,7 @@ def main(argv=None) -> int:
     seconds = a.e2e_seconds or (5.0 if a.quick else 10.0)
     t_start = time.perf_counter()
     out: dict = {"load_avg_1m": round(os.getloadavg()[0], 2), "record_size": RECORD_SIZE,
-                 "partitions": PARTITIONS, "brokers": 3}
+                 "partitions": PARTITIONS, "brokers": 3, "topics_kept": a.keep_topics}
     work = tempfile.mkdtemp(prefix="raykafka-clients-bench-")
     try:
         phase(out, "redis", _redis, peer_n, work)
@@ -389,18 +449,49 @@ def main(argv=None) -> int:
     return finish(out, t_start, goals, table)
 
 
+def _replica_processes() -> int:
+    """How many partition-replica actor processes run on this machine now."""
+    import psutil
+    count = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("PartitionReplica" in part for part in proc.info["cmdline"] or ()):
+            count += 1
+    return count
+
+
+def _drop(cluster, name: str, replicas: int) -> dict:
+    """Delete topic ``name`` and wait until its ``replicas`` replica processes are gone, so
+    the next phase does not share the 2 cores with them (docs/sizing.md: an idle replica
+    process is woken 100 times a second by Ray)."""
+    before = _replica_processes()
+    cluster.admin().delete_topic(name)
+    deadline = time.monotonic() + WAIT_S
+    while _replica_processes() > before - replicas and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {}
+
+
 def _measure(out: dict, cluster, a, records: int, half: int, seconds: float) -> None:
-    """Every phase on the running cluster (each records its own failure)."""
+    """Every phase on the running cluster (each records its own failure). Each topic lives
+    only through the phases that use it (``--keep-topics``: all four from the start)."""
     phase(out, "ray_call", time_ray_calls, 2000)
+    specs = {"rf1": ("c-rf1", 1), "rf3": ("c-rf3", 3), "rk1": ("rk-rf1", 1),
+             "rk3": ("rk-rf3", 3)}
     topics: dict = {}
 
-    def make_topics() -> dict:
-        for key, name, rf in (("rf1", "c-rf1", 1), ("rf3", "c-rf3", 3),
-                              ("rk1", "rk-rf1", 1), ("rk3", "rk-rf3", 3)):
+    def make(*keys) -> dict:
+        for key in keys:
+            name, rf = specs[key]
             topics[key] = _topic(cluster, name, rf)
         return {}
-    phase(out, "topics", make_topics)
-    if len(topics) < 4:
+
+    def drop(key: str) -> None:
+        name, rf = specs[key]
+        if not a.keep_topics and topics.pop(key, None):
+            phase(out, f"drop_{key}", _drop, cluster, name, PARTITIONS * rf)
+
+    phase(out, "topics", make, *(specs if a.keep_topics else ["rf1"]))
+    if "rf1" not in topics:
         return
     # warm-up: the first produce after a start runs on cold workers (docs/ray-notes.md)
     phase(out, "warm_up", lambda: confluent_produce(
@@ -408,17 +499,25 @@ def _measure(out: dict, cluster, a, records: int, half: int, seconds: float) -> 
     phase(out, "group_coordinator", warm_group_coordinator, cluster.bootstrap_servers)
     phase(out, "confluent_rf1", _confluent, cluster, topics["rf1"], records, "1",
           "confluent_rf1")
-    phase(out, "confluent_rf3", _confluent, cluster, topics["rf3"], half, "all",
-          "confluent_rf3")
-    phase(out, "raykafka_rf1", _raykafka, cluster, topics["rk1"], half, 1, "raykafka_rf1")
-    phase(out, "raykafka_rf3", _raykafka, cluster, topics["rk3"], half, "all",
-          "raykafka_rf3")
     phase(out, "confluent_e2e", _e2e, cluster, topics["rf1"], seconds, "confluent_e2e")
-    phase(out, "confluent_e2e_rf3", _e2e, cluster, topics["rf3"], seconds,
-          "confluent_e2e_rf3")
     if a.profile:
         phase(out, "profile", _profile, cluster, topics["rf1"], records, a.profile,
               a.profile_dir or tempfile.mkdtemp(prefix="raykafka-clients-profile-"))
+    drop("rf1")
+    for key, run in (("rf3", lambda t: (
+                         phase(out, "confluent_rf3", _confluent, cluster, t, half, "all",
+                               "confluent_rf3"),
+                         phase(out, "confluent_e2e_rf3", _e2e, cluster, t, seconds,
+                               "confluent_e2e_rf3"))),
+                     ("rk1", lambda t: phase(out, "raykafka_rf1", _raykafka, cluster, t,
+                                             half, 1, "raykafka_rf1")),
+                     ("rk3", lambda t: phase(out, "raykafka_rf3", _raykafka, cluster, t,
+                                             half, "all", "raykafka_rf3"))):
+        if key not in topics:
+            phase(out, f"topic_{key}", make, key)
+        if key in topics:
+            run(topics[key])
+            drop(key)
 
 
 def _redis(n: int, work: str) -> dict:
