@@ -13,7 +13,8 @@ One run measures, on this machine and in this order:
 
 It prints a table and, as its last line, one JSON object (produce_records_per_s,
 consume_records_per_s, produce_p99_ms, redis_xadd_records_per_s,
-nats_publish_records_per_s, the ratios and the goals). Peer servers are started and stopped
+nats_publish_records_per_s, the ratios and the goals: issue 21's are produce >= 15 x and
+consume >= 30 x Redis Streams). Peer servers are started and stopped
 by PID; nothing else on the machine is touched.
 
     python benchmarks/cluster_bench.py --quick     # under 3 minutes
@@ -42,6 +43,8 @@ import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported
 GOAL_PRODUCE = 1_000_000
 GOAL_CONSUME = 2_000_000
 GOAL_PEER_RATIO = 10.0
+GOAL_PRODUCE_VS_REDIS = 15.0   # issue 21 (the data plane): produce >= 15 x Redis Streams
+GOAL_CONSUME_VS_REDIS = 30.0   # and consume >= 30 x, in the same run
 
 
 def free_port() -> int:
@@ -277,6 +280,10 @@ def main() -> int:
         "goal_consume_met": cons["records_per_s"] >= GOAL_CONSUME,
         "goal_10x_peers_met": all(r is not None and r >= GOAL_PEER_RATIO for r in (
             ratio(prod["records_per_s"], rp), ratio(prod["records_per_s"], np_))),
+        "goal_produce_15x_redis_met": (ratio(prod["records_per_s"], rp) or 0)
+        >= GOAL_PRODUCE_VS_REDIS,
+        "goal_consume_30x_redis_met": (ratio(cons["records_per_s"], rc) or 0)
+        >= GOAL_CONSUME_VS_REDIS,
     }
     print(json.dumps(out), flush=True)
     return 0
