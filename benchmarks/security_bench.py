@@ -6,6 +6,13 @@ listener: confluent-kafka (librdkafka's TLS, in C) and raykafka's Producer (Pyth
 on memory buffers), acks=all, 100-byte records, a 6-partition topic (RF=1 by default).
 The two listeners alternate, ``--rounds`` times, so load on the machine falls on both.
 
+Also ``confluent_<listener>_client_cpu_us_per_record`` and ``..._client_writes_per_record``
+(per round: this process's CPU, librdkafka's threads included, and its write system calls):
+librdkafka writes every buffer segment of a request as a TLS record of its own, one
+``write`` each, where a plaintext request goes out in a few ``sendmsg`` calls, and that
+client-side cost, not the broker's, is most of what TLS takes from confluent-kafka here
+(docs/security.md).
+
 Prints ``<client>_<listener>_records_per_s`` (the best round), ``<client>_round_ratios``
 (each round's SASL_SSL / PLAINTEXT, the two measured back to back) and ``<client>_ratio``
 (their median: on a shared machine whose load moves between rounds, a round's two runs
@@ -33,13 +40,23 @@ PARTITIONS = 6
 VALUE = b"x" * 100
 
 
-def _confluent(conf: dict, topic: str, n: int) -> float:
+def _client_cost() -> tuple[float, int]:
+    """This process's CPU seconds (every thread: librdkafka's too) and write system calls."""
+    with open("/proc/self/io") as f:
+        writes = next(int(line.split()[1]) for line in f if line.startswith("syscw:"))
+    return time.process_time(), writes
+
+
+def _confluent(conf: dict, topic: str, n: int, cost: dict | None = None) -> float:
+    """Records/s of ``n`` acks=all records; ``cost`` gets the client's CPU microseconds and
+    write system calls per record."""
     from confluent_kafka import Producer
     producer = Producer({**conf, "acks": "all", "linger.ms": 5,
                          "enable.idempotence": False})
     for partition in range(PARTITIONS):    # every leader connected (and authenticated) first
         producer.produce(topic, VALUE, partition=partition)
     assert producer.flush(60) == 0, "warm-up records left unsent after 60 s"
+    cpu0, writes0 = _client_cost()
     started = time.perf_counter()
     for i in range(n):
         while True:
@@ -49,7 +66,12 @@ def _confluent(conf: dict, topic: str, n: int) -> float:
             except BufferError:
                 producer.poll(0.01)
     assert producer.flush(300) == 0, "records left unsent after 300 s"
-    return n / (time.perf_counter() - started)
+    rate = n / (time.perf_counter() - started)
+    if cost is not None:
+        cpu1, writes1 = _client_cost()
+        cost["cpu_us"] = round((cpu1 - cpu0) * 1e6 / n, 2)
+        cost["writes"] = round((writes1 - writes0) / n, 4)
+    return rate
 
 
 def _raykafka(cluster, settings: dict, topic: str, n: int) -> float:
@@ -104,13 +126,19 @@ def main(argv=None) -> dict:
             for client in ("confluent", "raykafka"):
                 rates = {}
                 for listener in ("PLAINTEXT", "SASL_SSL"):
+                    cost: dict = {}
                     rates[listener] = rate = (
-                        _confluent(confluent[listener], topic, args.records)
+                        _confluent(confluent[listener], topic, args.records, cost)
                         if client == "confluent" else
                         _raykafka(cluster, ours[listener], topic, args.raykafka_records))
                     key = f"{client}_{listener.lower()}_records_per_s"
                     out[key] = max(out.get(key, 0), round(rate))
-                    say(f"{client} {listener}: {rate:,.0f} records/s")
+                    for what, value in cost.items():
+                        out.setdefault(f"{client}_{listener.lower()}_client_{what}_per_record",
+                                       []).append(value)
+                    say(f"{client} {listener}: {rate:,.0f} records/s"
+                        + (f" (client: {cost['cpu_us']} us of CPU and {cost['writes']} write "
+                           f"calls per record)" if cost else ""))
                 ratios[client].append(round(rates["SASL_SSL"] / rates["PLAINTEXT"], 2))
     for client, values in ratios.items():
         out[f"{client}_round_ratios"] = values
