@@ -347,7 +347,8 @@ class Broker:
         self.admin_apis = AdminApis(self.backend, self.admin, broker_id=self.broker_id,
                                     broker_config=self.config, access=access)
         self.apis = KafkaApis(self.backend, groups=GroupApis(self.backend, BrokerGroups(
-            self.find_coordinator, lambda: self.coordinator, self.broker_id), access),
+            self.find_coordinator, lambda: self.coordinator, self.broker_id,
+            leads=self._leads_group), access),
             admin=self.admin_apis,
             producers=ProducerIdApis(self._generate_producer_id, access),
             extra=[AclApis(lambda: self.authorizer, lambda: self.acl_admin)], access=access)
@@ -668,6 +669,15 @@ class Broker:
             self.leading = leading
 
     # -- consumer groups ---------------------------------------------------------------------------
+    def _leads_group(self, group_id) -> bool:
+        """Whether this broker leads ``group_id``'s offsets partition (as applied from the
+        controller's LeaderAndIsr, before its coordinator hears of it)."""
+        count = self._offsets_partition_count()
+        if not count or not isinstance(group_id, str) or not group_id:
+            return False
+        with self._lock:
+            return (OFFSETS_TOPIC, offsets_partition(group_id, count)) in self.leading
+
     def _offsets_partition_count(self) -> int | None:
         with self._lock:
             parts = (self.metadata.get("topics") or {}).get(OFFSETS_TOPIC)

@@ -514,27 +514,62 @@ def _coded(name: str) -> wire.BrokerResponseError:
 
 
 # -- the Broker's side --------------------------------------------------------------------------
+#: The coordinator's methods whose first argument is a group id.
+_GROUP_METHODS = frozenset({"join_group", "sync_group", "heartbeat", "leave_group",
+                            "commit_offsets", "fetch_offsets", "describe_group",
+                            "delete_group"})
+
+
 class BrokerGroups:
     """GroupBackend of a Broker actor: ``find`` is ``Broker.find_coordinator`` (creates the
     offsets topic on first use), ``coordinator()`` the broker's GroupCoordinator actor
     handle (None until the broker first hosts an offsets partition). A call is one Ray
-    actor call whose ObjectRef's Future is the answer (completed on Ray's thread)."""
+    actor call whose ObjectRef's Future is the answer (completed on Ray's thread).
+
+    ``leads(group_id)``: whether the broker leads the group's offsets partition. The
+    broker applies a LeaderAndIsr before its coordinator hears of it (a Ray call), so a
+    client that looked the coordinator up in between would be told NOT_COORDINATOR by
+    the very broker Metadata names (and confluent-kafka's ``committed()`` once failed on
+    it). Kafka marks the partition loading as it becomes leader; here such an answer is
+    COORDINATOR_LOAD_IN_PROGRESS, which every client retries on the same broker."""
 
     def __init__(self, find: Callable[[str], dict], coordinator: Callable[[], Any],
-                 broker_id: int):
+                 broker_id: int, *, leads: Callable[[str], bool] | None = None):
         self._find = find
         self._coordinator = coordinator
+        self._leads = leads or (lambda _group: False)
         self.broker_id = broker_id
 
     def find_coordinator(self, group_id: str) -> int:
         return int(self._find(group_id)["broker_id"])
 
     def call(self, method: str, *args) -> concurrent.futures.Future:
+        group = args[0] if method in _GROUP_METHODS and args else None
         handle = self._coordinator()
         if handle is None:
-            return _failed(NotCoordinatorError(
-                f"broker {self.broker_id} coordinates no group (it hosts no offsets partition)"))
-        return getattr(handle, method).remote(*args).future()
+            return _failed(self._loading(group, NotCoordinatorError(
+                f"broker {self.broker_id} coordinates no group (it hosts no offsets "
+                f"partition)")))
+        future = getattr(handle, method).remote(*args).future()
+        if group is None:
+            return future
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def done(f):
+            try:
+                out.set_result(f.result())
+            except BaseException as exc:  # noqa: BLE001 - carried to the answer
+                out.set_exception(self._loading(group, _typed(exc)))
+
+        future.add_done_callback(done)
+        return out
+
+    def _loading(self, group, exc: BaseException) -> BaseException:
+        if group is not None and isinstance(exc, NotCoordinatorError) and self._leads(group):
+            return CoordinatorLoadInProgressError(
+                f"broker {self.broker_id} leads the offsets partition of group {group!r}; "
+                f"its coordinator is taking it over ({exc})")
+        return exc
 
 
 __all__ = ["GroupApis", "GroupBackend", "BrokerGroups", "OFFSET_METADATA_MAX_BYTES"]
