@@ -13,7 +13,7 @@ import pytest
 from actors import Cluster
 from actors.client.group import GroupMember
 from actors.errors import IllegalGenerationError, UnknownMemberIdError
-from actors.protocol import OFFSETS_TOPIC
+from actors.protocol import OFFSETS_TOPIC, group_coordinator_actor_name
 from cluster_helpers import FAST_CONFIG, ray, unique_namespace, wait_until
 from cluster_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
 
@@ -48,6 +48,35 @@ def coordinator_of(cluster, group: str, ask: int | None = None) -> int:
             return None
     return wait_until(found, timeout_s=60,
                       what=f"broker {ask} naming {group}'s coordinator")["broker_id"]
+
+
+def restart(cluster, broker_id: int) -> None:
+    """Start killed broker ``broker_id`` again and wait until the cluster serves groups as
+    before: every broker holds the offsets topic's metadata with every partition led and
+    nothing offline, and every leader's GroupCoordinator actor is up. A restarted broker
+    starts its replicas one by one (about a second each on 2 busy cores) and gets the
+    metadata after its LeaderAndIsr, so without this wait the next test's members could
+    spend their whole join looking for a coordinator."""
+    cluster.start_broker(broker_id)
+
+    def in_service():
+        for b in cluster.broker_ids():
+            try:
+                handle = cluster.broker(b)
+                if ray.get(handle.metadata_summary.remote(), timeout=30)["offline"]:
+                    return False
+                parts = (ray.get(handle.get_metadata.remote(), timeout=30).get("topics")
+                         or {}).get(OFFSETS_TOPIC)
+                if not parts or any(p.get("leader", -1) < 0 for p in parts.values()):
+                    return False
+                for p in parts.values():
+                    ray.get_actor(group_coordinator_actor_name(p["leader"]),
+                                  namespace=cluster.namespace)
+            except (ValueError, ray.exceptions.RayError):
+                return False
+        return True
+    wait_until(in_service, timeout_s=180, interval_s=0.2,
+               what=f"the cluster serving groups again after broker {broker_id} restarted")
 
 
 def member(cluster, group="g", **kw) -> GroupMember:
@@ -130,7 +159,7 @@ def test_committed_offsets_survive_the_coordinators_broker(cluster):
                          what="offsets from the new coordinator")
         assert got == {("ev", p): 100 + p for p in range(6)}
     finally:
-        cluster.start_broker(broker_id)
+        restart(cluster, broker_id)
 
 
 def test_no_committed_offset_goes_backwards_while_the_coordinators_broker_dies(cluster):
@@ -211,7 +240,7 @@ def test_no_committed_offset_goes_backwards_while_the_coordinators_broker_dies(c
         for t in threads:
             t.join(timeout=60)
         observer.close()
-        cluster.start_broker(broker_id)
+        restart(cluster, broker_id)
     assert new_coordinator != broker_id
     # (1) per partition, in the order observed, the committed offset never decreases
     for tp in tps:
@@ -914,7 +943,7 @@ def test_a_stable_group_survives_its_coordinators_broker_without_a_rebalance(clu
             assert last["generation"] == before["generation"] and last["state"] == "Stable"
             assert [len(lst.revoked) for lst in listeners] == revoked_before
         finally:
-            cluster.start_broker(broker_id)
+            restart(cluster, broker_id)
     finally:
         stop.set()
         for t in threads:
@@ -949,7 +978,7 @@ def test_a_partition_whose_leader_is_gone_does_not_hold_up_poll(cluster):
             assert set(live) <= got
             assert time.monotonic() - started < 15
     finally:
-        cluster.start_broker(dead)
+        restart(cluster, dead)
 
 
 def waiting_beat(m: GroupMember, wait_ms: int):
