@@ -10,6 +10,8 @@ phase; wire_bench.warm_group_coordinator):
 - ``confluent_rf1_*``: a confluent-kafka Producer (acks=1, linger.ms 5, ``produce_batch``
   of 10,000 records per partition in turn) into an RF=1 topic, then a Consumer assigned
   every partition from the beginning (``consume(100000)``) reading all of it back.
+  ``raw_append_rf1_MB_per_s``: the same bytes appended to a plain file just before (this
+  VM's page-cache writes cost 2.4 ms/MB in some hours and 0.2 in others: docs/sizing.md).
 - ``confluent_rf3_*``: the same with acks=all into an RF=3 topic.
 - ``raykafka_rf1_*`` / ``raykafka_rf3_*``: raykafka's Producer (``perf.produce``,
   send_batch, acks 1 / all) and SimpleConsumer (``perf.consume``, iter_columns) on topics
@@ -56,6 +58,7 @@ if _ROOT not in sys.path:
 
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
 from benchmarks.cluster_bench import bench_redis  # noqa: E402
+from benchmarks.replication_bench import raw_append  # noqa: E402
 from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
 from benchmarks.wire_bench import (_end, _spawn, e2e_once, time_ray_calls,  # noqa: E402
                                    warm_group_coordinator)
@@ -366,6 +369,8 @@ def table(out: dict) -> None:
 
     rows = [("confluent-kafka produce, RF=1 acks=1", "confluent_rf1_produce_records_per_s",
              f">= {GOAL_PRODUCE_RF1:,}"),
+            ("  raw file append just before it, MB/s", "raw_append_rf1_MB_per_s",
+             "(this moment's page-cache write cost)"),
             ("confluent-kafka consume, RF=1", "confluent_rf1_consume_records_per_s",
              f">= {GOAL_CONSUME:,}"),
             ("confluent-kafka produce, RF=3 acks=all", "confluent_rf3_produce_records_per_s",
@@ -442,7 +447,7 @@ def main(argv=None) -> int:
                 say(f"cluster start failed: {out['cluster_error']}")
                 cluster = None
             if cluster is not None:
-                _measure(out, cluster, a, records, half, seconds)
+                _measure(out, cluster, work, a, records, half, seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
@@ -471,7 +476,8 @@ def _drop(cluster, name: str, replicas: int) -> dict:
     return {}
 
 
-def _measure(out: dict, cluster, a, records: int, half: int, seconds: float) -> None:
+def _measure(out: dict, cluster, work: str, a, records: int, half: int,
+             seconds: float) -> None:
     """Every phase on the running cluster (each records its own failure). Each topic lives
     only through the phases that use it (``--keep-topics``: all four from the start)."""
     phase(out, "ray_call", time_ray_calls, 2000)
@@ -497,6 +503,8 @@ def _measure(out: dict, cluster, a, records: int, half: int, seconds: float) -> 
     phase(out, "warm_up", lambda: confluent_produce(
         cluster.bootstrap_servers, topics["rf1"], max(records // 10, 1), "1") and {})
     phase(out, "group_coordinator", warm_group_coordinator, cluster.bootstrap_servers)
+    # this moment's page-cache write cost, which moves a lot on this VM (docs/sizing.md)
+    phase(out, "raw_append", raw_append, work, "rf1", records * RECORD_SIZE)
     phase(out, "confluent_rf1", _confluent, cluster, topics["rf1"], records, "1",
           "confluent_rf1")
     phase(out, "confluent_e2e", _e2e, cluster, topics["rf1"], seconds, "confluent_e2e")
