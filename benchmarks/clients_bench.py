@@ -141,9 +141,9 @@ def confluent_consume(bootstrap: str, topic: str, records: int, *, prefetch: boo
     """Every partition assigned from the beginning; consume(100000) until ``records``
     were read (their values' bytes counted).
 
-    ``prefetch``: the clock starts only once librdkafka holds every record in its own
-    queues (its statistics' ``fetchq_cnt``), and the records handed over are counted, not
-    looked at: what is timed is ``consume`` alone, the most this client can hand a Python
+    ``prefetch``: the clock starts after a wait long enough for librdkafka to hold every
+    record in its own queues (checked afterwards from its statistics' ``fetchq_cnt``), and
+    the records handed over are counted, not looked at: what is timed is ``consume`` alone, the most this client can hand a Python
     program here whatever the broker does (a program that reads each record's value, as
     the timed runs do, gets less). ``gc_off``: Python's garbage collector disabled while
     timing (the 100,000 Message objects a call returns trigger collections)."""
@@ -467,11 +467,15 @@ def _replica_processes() -> int:
 def _drop(cluster, name: str, replicas: int) -> dict:
     """Delete topic ``name`` and wait until its ``replicas`` replica processes are gone, so
     the next phase does not share the 2 cores with them (docs/sizing.md: an idle replica
-    process is woken 100 times a second by Ray)."""
+    process is woken 100 times a second by Ray). The processes are counted machine-wide:
+    another Ray's replicas starting meanwhile can only make the wait run to its end."""
     before = _replica_processes()
     cluster.admin().delete_topic(name)
     deadline = time.monotonic() + WAIT_S
-    while _replica_processes() > before - replicas and time.monotonic() < deadline:
+    while _replica_processes() > before - replicas:
+        if time.monotonic() > deadline:
+            say(f"  {name}: its replica processes still counted after {WAIT_S}s; going on")
+            break
         time.sleep(0.2)
     return {}
 
@@ -512,19 +516,18 @@ def _measure(out: dict, cluster, work: str, a, records: int, half: int,
         phase(out, "profile", _profile, cluster, topics["rf1"], records, a.profile,
               a.profile_dir or tempfile.mkdtemp(prefix="raykafka-clients-profile-"))
     drop("rf1")
-    for key, run in (("rf3", lambda t: (
-                         phase(out, "confluent_rf3", _confluent, cluster, t, half, "all",
-                               "confluent_rf3"),
-                         phase(out, "confluent_e2e_rf3", _e2e, cluster, t, seconds,
-                               "confluent_e2e_rf3"))),
-                     ("rk1", lambda t: phase(out, "raykafka_rf1", _raykafka, cluster, t,
-                                             half, 1, "raykafka_rf1")),
-                     ("rk3", lambda t: phase(out, "raykafka_rf3", _raykafka, cluster, t,
-                                             half, "all", "raykafka_rf3"))):
+    # (phase name, function, its arguments after cluster and topic): the name is also the
+    # prefix of the figures the function returns
+    later = {"rf3": [("confluent_rf3", _confluent, half, "all"),
+                     ("confluent_e2e_rf3", _e2e, seconds)],
+             "rk1": [("raykafka_rf1", _raykafka, half, 1)],
+             "rk3": [("raykafka_rf3", _raykafka, half, "all")]}
+    for key, runs in later.items():
         if key not in topics:
             phase(out, f"topic_{key}", make, key)
         if key in topics:
-            run(topics[key])
+            for name, fn, *args in runs:
+                phase(out, name, fn, cluster, topics[key], *args, name)
             drop(key)
 
 
