@@ -59,7 +59,8 @@ if _ROOT not in sys.path:
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
 from benchmarks.cluster_bench import bench_redis  # noqa: E402
 from benchmarks.replication_bench import raw_append  # noqa: E402
-from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
+from benchmarks.common import (bench_cluster, drop_topic, finish, phase, ratio,  # noqa: E402
+                               say)
 from benchmarks.wire_bench import (_end, _spawn, e2e_once, time_ray_calls,  # noqa: E402
                                    warm_group_coordinator)
 
@@ -454,32 +455,6 @@ def main(argv=None) -> int:
     return finish(out, t_start, goals, table)
 
 
-def _replica_processes() -> int:
-    """How many partition-replica actor processes run on this machine now."""
-    import psutil
-    count = 0
-    for proc in psutil.process_iter(["cmdline"]):
-        if any("PartitionReplica" in part for part in proc.info["cmdline"] or ()):
-            count += 1
-    return count
-
-
-def _drop(cluster, name: str, replicas: int) -> dict:
-    """Delete topic ``name`` and wait until its ``replicas`` replica processes are gone, so
-    the next phase does not share the 2 cores with them (docs/sizing.md: an idle replica
-    process is woken 100 times a second by Ray). The processes are counted machine-wide:
-    another Ray's replicas starting meanwhile can only make the wait run to its end."""
-    before = _replica_processes()
-    cluster.admin().delete_topic(name)
-    deadline = time.monotonic() + WAIT_S
-    while _replica_processes() > before - replicas:
-        if time.monotonic() > deadline:
-            say(f"  {name}: its replica processes still counted after {WAIT_S}s; going on")
-            break
-        time.sleep(0.2)
-    return {}
-
-
 def _measure(out: dict, cluster, work: str, a, records: int, half: int,
              seconds: float) -> None:
     """Every phase on the running cluster (each records its own failure). Each topic lives
@@ -498,7 +473,7 @@ def _measure(out: dict, cluster, work: str, a, records: int, half: int,
     def drop(key: str) -> None:
         name, rf = specs[key]
         if not a.keep_topics and topics.pop(key, None):
-            phase(out, f"drop_{key}", _drop, cluster, name, PARTITIONS * rf)
+            phase(out, f"drop_{key}", drop_topic, cluster, name, PARTITIONS * rf)
 
     phase(out, "topics", make, *(specs if a.keep_topics else ["rf1"]))
     if "rf1" not in topics:

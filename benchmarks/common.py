@@ -61,6 +61,32 @@ def bench_cluster(name: str, brokers: int, config: dict | None = None, **ray_kwa
         shutil.rmtree(work, ignore_errors=True)
 
 
+def replica_processes() -> int:
+    """How many partition-replica actor processes run on this machine now."""
+    import psutil
+    count = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("PartitionReplica" in part for part in proc.info["cmdline"] or ()):
+            count += 1
+    return count
+
+
+def drop_topic(cluster, name: str, replicas: int, wait_s: float = 120) -> dict:
+    """Delete topic ``name`` and wait until its ``replicas`` replica processes are gone, so
+    the next phase does not share the 2 cores with them (docs/sizing.md: an idle replica
+    process is woken 100 times a second by Ray). The processes are counted machine-wide:
+    another Ray's replicas starting meanwhile can only make the wait run to its end."""
+    before = replica_processes()
+    cluster.admin().delete_topic(name)
+    deadline = time.monotonic() + wait_s
+    while replica_processes() > before - replicas:
+        if time.monotonic() > deadline:
+            say(f"  {name}: its replica processes still counted after {wait_s}s; going on")
+            break
+        time.sleep(0.2)
+    return {}
+
+
 def finish(out: dict, t_start: float, goals, table) -> int:
     """The end of a run: elapsed time, ``goals(out)``, ``table(out)`` (stderr), then the
     JSON line on stdout."""

@@ -51,7 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
-from benchmarks.common import bench_cluster, finish, phase, ratio, say  # noqa: E402
+from benchmarks.common import (bench_cluster, drop_topic, finish, phase, ratio,  # noqa: E402
+                               say)
 
 GOAL_RF1_RECORDS_PER_S = 1_500_000
 GOAL_RF3_RECORDS_PER_S = 1_000_000
@@ -94,13 +95,24 @@ def ray_call_ms(n: int = 1000) -> dict:
 
 
 # -- 2./3. throughput ---------------------------------------------------------------------------
-def make_topic(cluster, name: str, partitions: int, rf: int) -> None:
+def make_topic(cluster, name: str, partitions: int, rf: int, wait_s: float = 120) -> None:
+    """Create the topic and return once every partition is led with all its replicas in
+    sync (the phase that uses it then times no start-up)."""
     from actors.tools import perf
     config = dict(perf.PERF_TOPIC_CONFIG)
     if rf > 1:
         config["min.insync.replicas"] = "2"
-    cluster.admin().create_topic(name, partitions=partitions, replication_factor=rf,
-                                 config=config)
+    admin = cluster.admin()
+    admin.create_topic(name, partitions=partitions, replication_factor=rf, config=config)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        parts = admin.describe_topic(name)
+        if len(parts) == partitions and all(
+                p["leader"] is not None and p["leader"] >= 0 and len(p["isr"]) == rf
+                for p in parts):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{name}: partitions not led and in sync after {wait_s}s")
 
 
 def throughput(cluster, topic: str, records: int, warmup: int, size: int) -> dict:
@@ -264,6 +276,10 @@ def main() -> int:
     ap.add_argument("--brokers", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--keep-topics", action="store_true",
+                    help="create every topic at the start and keep it to the end (the "
+                         "layout before 2026-11-28: later phases share the machine with "
+                         "the earlier topics' idle replicas)")
     a = ap.parse_args()
     records = a.records or (300_000 if a.quick else 1_000_000)
     warmup = max(records // 5, 10_000)
@@ -275,16 +291,28 @@ def main() -> int:
         out["cluster_start_s"] = round(time.perf_counter() - t_start, 1)
         phase(out, "ray_call", ray_call_ms)
         phase(out, "socket_rtt", socket_rtt_ms)
-        make_topic(cluster, "rf1", a.partitions, 1)
-        make_topic(cluster, "rf3", a.partitions, 3)
-        make_topic(cluster, "e2e", a.partitions, 3)
+        # each topic lives only through its own phase (``--keep-topics``: all three from
+        # the start): an idle replica process costs the others CPU (docs/sizing.md)
+        topics = [("rf1", 1), ("rf3", 3), ("e2e", 3)]
+        for name, rf in topics if a.keep_topics else topics[:1]:
+            make_topic(cluster, name, a.partitions, rf)
+
+        def done(name: str, rf: int, then: str | None, then_rf: int) -> None:
+            if a.keep_topics:
+                return
+            phase(out, f"drop_{name}", drop_topic, cluster, name, a.partitions * rf)
+            if then is not None:
+                make_topic(cluster, then, a.partitions, then_rf)
+
         volume = records * a.record_size
         phase(out, "raw_append_rf1", raw_append, work, "rf1", volume)
         phase(out, "rf1", lambda: _rate("rf1", throughput(
             cluster, "rf1", records, warmup, a.record_size)))
+        done("rf1", 1, "rf3", 3)
         phase(out, "raw_append_rf3", raw_append, work, "rf3", 3 * volume)
         phase(out, "rf3", lambda: _rate("rf3_acks_all", throughput(
             cluster, "rf3", records, warmup, a.record_size)))
+        done("rf3", 3, "e2e", 3)
         phase(out, "e2e_1k", end_to_end, cluster, "e2e", e2e_s, a.record_size,
               E2E_RATE_1K, "e2e_1k")
         phase(out, "e2e", end_to_end, cluster, "e2e", e2e_s, a.record_size)

@@ -41,6 +41,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== pip install -e .[test,bench]"
 quiet_pip .venv/bin/pip install -q -e ".[test,bench]"
+# Byte-compile the project now: an editable install leaves that to the first import, and
+# with PYTHONDONTWRITEBYTECODE set (as on CI machines) every Ray worker process (each
+# replica, each broker) would compile the modules from source again, 100-200 ms each.
+.venv/bin/python -m compileall -q -j 0 actors storage coordination jobs >/dev/null
 
 # kafkajs, a test-only pure-JS Kafka client (tests/js, pinned in its package-lock.json),
 # when node is on the machine; tests/test_kafka_clients_matrix.py skips its rows without node.

@@ -776,7 +776,7 @@ def _first_bad(mask, what: str, starts, batch_of, batches) -> CorruptRecordError
 
 class _Scan(NamedTuple):
     """The record structure of some batches, checked: every field of every record found and
-    inside its record (see ``_scan``). Arrays have one entry per record."""
+    inside its record (see ``_scan_gathered``). Arrays have one entry per record."""
 
     data: bytes
     batches: list  # BatchHeader per batch
@@ -793,19 +793,13 @@ class _Scan(NamedTuple):
     ends: _np.ndarray  # end of each record
 
 
-def _scan(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-          skip_control_batches: bool = False) -> _Scan:
-    """Walk every record of the v2 batches in ``buf`` and check its structure: framing and
-    CRC of each batch, records filling their batch exactly, each record's varints bounded,
-    key and value inside the record, a non-negative header count, and the record ending
-    where its length says (checked here for records without headers; ``_check_headers``
-    or ``_parse_headers`` does it for the others). Builds no per-record Python objects."""
-    return _scan_gathered(*_gather(buf, max_decompressed_bytes=max_decompressed_bytes,
-                                   skip_control_batches=skip_control_batches))
-
-
 def _scan_gathered(batches: list, data, region_starts: list, region_ends: list) -> _Scan:
-    """``_scan`` of what ``_gather`` returned."""
+    """Walk every record of the v2 batches ``_gather`` returned and check its structure:
+    framing and CRC of each batch (done by ``_gather``), records filling their batch
+    exactly, each record's varints bounded, key and value inside the record, a
+    non-negative header count, and the record ending where its length says (checked here
+    for records without headers; ``_parse_headers`` does it for the others). Builds no
+    per-record Python objects."""
     arr = _np.frombuffer(data, _np.uint8)
     counts = _np.array([h.records_count for h in batches], _np.int64)
     n = int(counts.sum())
@@ -877,16 +871,21 @@ def checked_batches(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESS
     return batches, RecordsSummary(len(sc.key_len), int(_np.count_nonzero(sc.key_len < 0)))
 
 
-# Up to this many records a request is checked record by record in Python: numpy's fixed
-# cost per call (about 75 us for the vectorised walk of one record, measured) is more than
-# the plain walk's few microseconds per record (32 records: 64 us walked, 87 us vectorised).
+# Up to this many records a request is checked (and ``decode_records`` decodes) record by
+# record in Python: numpy's fixed cost per call (about 75 us for the vectorised walk of one
+# record, measured) is more than the plain walk's few microseconds per record (32 records:
+# 64 us walked, 87 us vectorised; decoded into Records, one record: 11 us walked, 150 us
+# vectorised; 32: 167 against 290; the two meet near 40).
 SMALL_REQUEST_RECORDS = 32
 
 
-def _walk_records(batches: list, data, starts: list, ends: list) -> RecordsSummary:
-    """``_scan``'s checks, one record at a time (for small requests): every record inside
-    its batch and the batch filled exactly, every varint bounded and inside its record,
-    key, value and headers inside the record, and the record ending where its length says."""
+def _walk_records(batches: list, data, starts: list, ends: list,
+                  out: list | None = None) -> RecordsSummary:
+    """``_scan_gathered``'s checks, one record at a time (for small requests): every
+    record inside its batch and the batch filled exactly, every varint bounded and inside
+    its record, key, value and headers inside the record, and the record ending where its
+    length says. With ``out``, each record is appended to it as a ``Record`` (what ``decode_records``
+    answers; keys, values and header values as bytes)."""
     decode = _varint.decode_varint
     int_bytes = _varint.MAX_VARINT_BYTES
     records = null_keys = 0
@@ -902,6 +901,13 @@ def _walk_records(batches: list, data, starts: list, ends: list) -> RecordsSumma
             except CorruptRecordError as exc:
                 raise corrupt(f"{what} in record {i}: {exc}") from None
 
+        def sized(what: str, at: int, limit: int) -> tuple[int, int]:
+            size, at = field(f"{what} length", at, limit)
+            if size < -1 or at + max(size, 0) > limit:
+                raise corrupt(f"{what} length out of bounds in record {i}")
+            return size, at
+
+        log_append = header.timestamp_type == 1
         for i in range(header.records_count):
             if pos >= end:
                 raise corrupt(f"records_count is {header.records_count} but its records "
@@ -912,22 +918,30 @@ def _walk_records(batches: list, data, starts: list, ends: list) -> RecordsSumma
                 raise corrupt(f"record {i} has length {length}, "
                               f"{'negative' if length < 0 else 'past the end of the batch'}")
             pos += 1                                                  # attributes
-            _, pos = field("timestamp delta", pos, record_end, _varint.MAX_VARLONG_BYTES)
-            _, pos = field("offset delta", pos, record_end)
-            for what in ("key", "value"):
-                size, pos = field(f"{what} length", pos, record_end)
-                if size < -1 or pos + max(size, 0) > record_end:
-                    raise corrupt(f"{what} length out of bounds in record {i}")
-                if size < 0 and what == "key":
-                    null_keys += 1
-                pos += max(size, 0)
-            count, pos = field("header count", pos, record_end)
+            ts_delta, pos = field("timestamp delta", pos, record_end,
+                                  _varint.MAX_VARLONG_BYTES)
+            off_delta, pos = field("offset delta", pos, record_end)
+            key_len, key_at = sized("key", pos, record_end)
+            if key_len < 0:
+                null_keys += 1
+            value_len, value_at = sized("value", key_at + max(key_len, 0), record_end)
+            count, pos = field("header count", value_at + max(value_len, 0), record_end)
             if count < 0:
                 raise corrupt(f"negative header count in record {i}")
             if count:
-                _parse_headers(data, pos, record_end, count)
+                headers = _parse_headers(data, pos, record_end, count)
             elif pos != record_end:
                 raise corrupt(f"record length mismatch in record {i}")
+            else:
+                headers = []
+            if out is not None:
+                out.append(Record(
+                    header.base_offset + off_delta,
+                    header.max_timestamp if log_append else header.base_timestamp + ts_delta,
+                    header.timestamp_type,
+                    None if key_len < 0 else bytes(data[key_at:key_at + key_len]),
+                    None if value_len < 0 else bytes(data[value_at:value_at + value_len]),
+                    headers))
             pos = record_end
         if pos != end:
             raise corrupt(f"{end - pos} bytes after its {header.records_count} records "
@@ -937,9 +951,11 @@ def _walk_records(batches: list, data, starts: list, ends: list) -> RecordsSumma
 
 
 def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-            skip_control_batches: bool = False) -> _Decoded:
-    sc = _scan(buf, max_decompressed_bytes=max_decompressed_bytes,
-               skip_control_batches=skip_control_batches)
+            skip_control_batches: bool = False, gathered=None) -> _Decoded:
+    if gathered is None:
+        gathered = _gather(buf, max_decompressed_bytes=max_decompressed_bytes,
+                           skip_control_batches=skip_control_batches)
+    sc = _scan_gathered(*gathered)
     batches, batch_of = sc.batches, sc.batch_of
     headers = None
     with_headers = _np.flatnonzero(sc.header_count)
@@ -1184,8 +1200,13 @@ def decode_records(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSE
     corrupt) and raises CorruptRecordError, or its subclasses UnsupportedCodecError and
     UnsupportedVersionError, saying what is wrong and where.
     """
-    return _to_records(_decode(buf, max_decompressed_bytes=max_decompressed_bytes,
-                               skip_control_batches=skip_control_batches))
+    gathered = _gather(buf, max_decompressed_bytes=max_decompressed_bytes,
+                       skip_control_batches=skip_control_batches)
+    if sum(h.records_count for h in gathered[0]) <= SMALL_REQUEST_RECORDS:
+        out: list[Record] = []          # a consumer's long poll at the tail: a few records
+        _walk_records(*gathered, out)
+        return out
+    return _to_records(_decode(buf, gathered=gathered))
 
 
 def decode_columns(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,

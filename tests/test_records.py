@@ -168,6 +168,30 @@ def test_uniform_fast_path_matches_general_path():
     assert build(values, now_ms=1) == build(values, headers=[()] * 100, now_ms=1)
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_small_buffers_decode_record_by_record_as_large_ones_do(codec):
+    """decode_records walks a buffer of 32 records or fewer in Python and a larger one with
+    numpy: both give the records that were built (headers, null keys and values,
+    LogAppendTime, several batches), as bytes, around the threshold."""
+    rnd = random.Random(codec)
+    for n in (1, 2, 31, 32, 33):
+        for ts_type in (0, LOG_APPEND_TIME):
+            keys, values, hdrs, ts = _random_records(rnd, n)
+            cut = rnd.randrange(0, n + 1)
+            buf = (build(values[:cut], keys[:cut], ts[:cut], hdrs[:cut], base_offset=7,
+                         compression=codec, timestamp_type=ts_type, now_ms=5)
+                   + build(values[cut:], keys[cut:], ts[cut:], hdrs[cut:],
+                           base_offset=7 + cut, compression=codec,
+                           timestamp_type=ts_type, now_ms=5))
+            got = decode_records(buf)
+            want = [Record(7 + i, 5 if ts_type == LOG_APPEND_TIME else ts[i], ts_type,
+                           keys[i], values[i], list(hdrs[i])) for i in range(n)]
+            assert got == want
+            assert all(type(x) is bytes for r in got for x in (r.key, r.value)
+                       if x is not None)
+            assert all(type(v) is bytes for r in got for _, v in r.headers if v is not None)
+
+
 def test_empty_batch():
     """A batch of no records (what compaction can leave) builds and decodes to nothing."""
     data = build([])

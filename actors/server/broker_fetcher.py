@@ -301,6 +301,11 @@ class BrokerFetcherThread:
             return
         if self._moved_to(p, position):
             p.truncating = False
+            try:          # opened now, not when the first records come (a Ray call)
+                self._channel(p)
+            except Exception as exc:  # noqa: BLE001 - the first apply tries again
+                log.debug("%s: %s-%d: no channel yet (%r)", self.name, p.topic, p.partition,
+                          exc)
 
     def _forget(self, p: _Followed) -> None:
         """The replica moved on from this generation: it leaves the thread."""

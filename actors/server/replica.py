@@ -57,6 +57,7 @@ from .epoch_cache import LeaderEpochCache
 from .fetcher import FetcherSettings, RayLeaderLink, ReplicaFetcher
 from .gcpause import freeze_startup_heap
 from .partition_state import LeaderState
+from .replica_channel import ReplicaChannelServer
 from .upkeep import Upkeep
 
 log = logging.getLogger(__name__)
@@ -916,7 +917,6 @@ class PartitionReplica:
                 raise NotLeaderForPartitionError(
                     f"{self.topic}-{self.partition} on broker {self.broker_id} is stopped")
             if self._channel is None:
-                from .replica_channel import ReplicaChannelServer
                 self._channel = ReplicaChannelServer(self)
             return self._channel.address
 
