@@ -79,3 +79,24 @@ def wait_registered_with_controller(cluster, broker_ids, *, timeout_s: float = 6
     finally:
         zk.stop()
         zk.close()
+
+
+def wait_topic_on_every_broker(cluster, topic: str, partitions: int, *, isr: int | None = None,
+                               timeout_s: float = 60.0) -> None:
+    """Until every broker's metadata cache (what its listener answers Metadata from) holds
+    ``topic`` with ``partitions`` partitions, each led (and with ``isr`` replicas in sync
+    when given). One client's Metadata shows one broker only: a client of another broker
+    could still be told the topic is unknown (kafka-python then waits for its metadata max
+    age, five minutes, before asking again)."""
+    def served():
+        for b in cluster.broker_ids():
+            parts = (ray.get(cluster.broker(b).get_metadata.remote(), timeout=30).get("topics")
+                     or {}).get(topic)
+            if not parts or len(parts) != partitions or any(
+                    (p.get("leader") if p.get("leader") is not None else -1) < 0
+                    or (isr is not None and len(p.get("isr") or ()) != isr)
+                    for p in parts.values()):
+                return False
+        return True
+    wait_until(served, timeout_s=timeout_s, interval_s=0.1,
+               what=f"{topic} in every broker's metadata")

@@ -32,7 +32,7 @@ from actors import Cluster, wire
 from storage.records import (CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD,
                              decode_records, iter_headers)
 from tests.cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # noqa: F401
-                                   wait_until)
+                                   wait_topic_on_every_broker, wait_until)
 
 ck = pytest.importorskip("confluent_kafka")
 import confluent_kafka.admin  # noqa: E402  (ck.admin)
@@ -427,6 +427,7 @@ def _topic(cluster, name: str, partitions: int) -> str:
         return md.error is None and len(md.partitions) == partitions and all(
             p.leader >= 0 and len(p.isrs) == 3 for p in md.partitions.values())
     wait_until(served, timeout_s=60, what=f"leaders and ISRs of {name}")
+    wait_topic_on_every_broker(cluster, name, partitions, isr=3)
     return name
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from actors import Cluster, wire
 from tests.cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # noqa: F401
-                                   wait_until)
+                                   wait_topic_on_every_broker, wait_until)
 
 ck = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
@@ -47,6 +47,7 @@ def _topic(cluster, partitions: int = PARTITIONS, rf: int = 1) -> str:
         return md.error is None and len(md.partitions) == partitions and all(
             p.leader >= 0 for p in md.partitions.values())
     wait_until(served, timeout_s=60, what=f"leaders of {name}")
+    wait_topic_on_every_broker(cluster, name, partitions)
     return name
 
 
