@@ -103,19 +103,6 @@ def test_produce_and_fetch_go_over_one_cached_channel(setup):
     assert backend.end_offset_for_epoch("t", 0, 3).end_offset == 3
 
 
-def test_warm_opens_the_channels_of_led_partitions_before_any_request(setup):
-    """warm (called after a LeaderAndIsr) opens the channel of a partition this broker
-    leads, so the first produce asks for no address; one it does not lead is skipped."""
-    backend, lookup, *_ = setup
-    assert not backend.linked("t", 0)
-    backend.warm([("t", 1), ("t", 0)]).join(10)
-    assert backend.linked("t", 0) and lookup.addresses_asked == 1
-    assert wait(backend.append("t", 0, memoryview(build([b"r"])), acks=-1,
-                               timeout_ms=5000), 5).base_offset == 0
-    assert lookup.addresses_asked == 1
-    assert backend.warm([]) is None
-
-
 def test_partitions_not_led_here_answer_not_leader_or_unknown(setup):
     """A partition another broker leads is NOT_LEADER_OR_FOLLOWER (clients refresh their
     metadata); one nobody knows is UNKNOWN_TOPIC_OR_PARTITION; nothing is sent."""

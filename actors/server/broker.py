@@ -633,9 +633,6 @@ class Broker:
         """One row per partition: ``{"topic", "partition", "error"}`` (None on success)."""
         rows = self.replica_manager.leader_and_isr(controller_epoch, partitions, request_id)
         self._note_leadership(partitions, rows)
-        if self.backend is not None:
-            self.backend.warm([(p["topic"], p["partition"]) for p, row in zip(partitions, rows)
-                               if row["error"] is None and p["leader"] == self.broker_id])
         offsets = [(p["partition"], p["leader"] == self.broker_id, p.get("leader_epoch", -1))
                    for p, row in zip(partitions, rows)
                    if p["topic"] == OFFSETS_TOPIC and row["error"] is None]

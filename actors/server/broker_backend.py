@@ -7,8 +7,7 @@ leader, leader epoch, replicas and ISR) and the LeaderAndIsr requests this broke
 over its local channel (replica_channel.py): one ``ReplicaChannel`` per hosted replica,
 opened on first use from the replica's ``channel_address()`` (one Ray call), kept while it
 works, dropped when it fails or the replica actor changes (a new one opens on the next
-request; the links of the partitions a LeaderAndIsr makes this broker lead are opened
-right away by ``warm``). A partition this broker does not lead answers NotLeaderForPartitionError
+request). A partition this broker does not lead answers NotLeaderForPartitionError
 (NOT_LEADER_OR_FOLLOWER), so clients refresh their metadata and go to the new leader.
 
 The purgatory is woken through the channel: each link asks its replica to ``watch`` (push
@@ -385,32 +384,6 @@ class BrokerBackend:
         if old is not None:
             old.channel.close()
         return new
-
-    def warm(self, partitions) -> threading.Thread | None:
-        """Open the channels to the leader replicas of ``partitions`` (``(topic,
-        partition)`` pairs this broker now leads) on a thread of its own, so the first
-        produce after a leadership change does not wait for one (a Ray call, and the
-        replica starting its channel server: 110-190 ms per partition measured on this
-        2-core machine, 2026-11-28). A partition no longer led, or whose replica is not
-        ready, is left to the first request, as before. Returns the thread (tests)."""
-        keys = list(partitions)
-        if not keys:
-            return None
-
-        def run() -> None:
-            for topic, partition in keys:
-                if self._closed:
-                    return
-                try:
-                    self._link(topic, partition)
-                except Exception as exc:  # noqa: BLE001 - the first request opens it
-                    log.debug("broker %d: no channel to %s-%d yet (%r)", self.broker_id,
-                              topic, partition, exc)
-
-        thread = threading.Thread(target=run, daemon=True,
-                                  name=f"broker-{self.broker_id}-warm")
-        thread.start()
-        return thread
 
     def _check(self, topic: str, partition: int, link: _Link, future,
                acks: int | None = None) -> None:
