@@ -884,8 +884,8 @@ def _walk_records(batches: list, data, starts: list, ends: list,
     """``_scan_gathered``'s checks, one record at a time (for small requests): every
     record inside its batch and the batch filled exactly, every varint bounded and inside
     its record, key, value and headers inside the record, and the record ending where its
-    length says. With ``out``, each record is appended to it as a ``Record`` (what ``decode_records``
-    answers; keys, values and header values as bytes)."""
+    length says. With ``out``, each record is appended to it as a ``Record`` (what
+    ``decode_records`` answers; keys, values and header values as bytes)."""
     decode = _varint.decode_varint
     int_bytes = _varint.MAX_VARINT_BYTES
     records = null_keys = 0
@@ -951,10 +951,13 @@ def _walk_records(batches: list, data, starts: list, ends: list,
 
 
 def _decode(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-            skip_control_batches: bool = False, gathered=None) -> _Decoded:
-    if gathered is None:
-        gathered = _gather(buf, max_decompressed_bytes=max_decompressed_bytes,
-                           skip_control_batches=skip_control_batches)
+            skip_control_batches: bool = False) -> _Decoded:
+    return _decode_gathered(_gather(buf, max_decompressed_bytes=max_decompressed_bytes,
+                                    skip_control_batches=skip_control_batches))
+
+
+def _decode_gathered(gathered) -> _Decoded:
+    """``_decode`` of what ``_gather`` returned."""
     sc = _scan_gathered(*gathered)
     batches, batch_of = sc.batches, sc.batch_of
     headers = None
@@ -1206,7 +1209,7 @@ def decode_records(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSE
         out: list[Record] = []          # a consumer's long poll at the tail: a few records
         _walk_records(*gathered, out)
         return out
-    return _to_records(_decode(buf, gathered=gathered))
+    return _to_records(_decode_gathered(gathered))
 
 
 def decode_columns(buf, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,

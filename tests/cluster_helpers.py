@@ -97,7 +97,7 @@ def wait_topic_on_every_broker(cluster, topic: str, partitions: int, *, isr: int
             parts = (ray.get(cluster.broker(b).get_metadata.remote(), timeout=30).get("topics")
                      or {}).get(topic)
             if not parts or len(parts) != partitions or any(
-                    (p.get("leader") if p.get("leader") is not None else -1) < 0
+                    p.get("leader") is None or p["leader"] < 0
                     or (isr is not None and len(p.get("isr") or ()) != isr)
                     for p in parts.values()):
                 return False

@@ -418,15 +418,8 @@ def cluster(local_ray):  # noqa: F811
 
 def _topic(cluster, name: str, partitions: int) -> str:
     """An RF=3 topic, once every partition has a leader and all three replicas in sync
-    (as a client's Metadata shows it)."""
+    in every broker's metadata (what each listener answers Metadata from)."""
     cluster.admin().create_topic(name, partitions=partitions, replication_factor=3)
-
-    def served():
-        md = ck.Producer({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(
-            name, timeout=10).topics[name]
-        return md.error is None and len(md.partitions) == partitions and all(
-            p.leader >= 0 and len(p.isrs) == 3 for p in md.partitions.values())
-    wait_until(served, timeout_s=60, what=f"leaders and ISRs of {name}")
     wait_topic_on_every_broker(cluster, name, partitions, isr=3)
     return name
 

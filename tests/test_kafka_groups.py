@@ -40,13 +40,6 @@ def cluster(local_ray):  # noqa: F811
 def _topic(cluster, partitions: int = PARTITIONS, rf: int = 1) -> str:
     name = f"t-{next(_names)}"
     cluster.admin().create_topic(name, partitions=partitions, replication_factor=rf)
-
-    def served():
-        md = ck.Producer({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(
-            name, timeout=10).topics[name]
-        return md.error is None and len(md.partitions) == partitions and all(
-            p.leader >= 0 for p in md.partitions.values())
-    wait_until(served, timeout_s=60, what=f"leaders of {name}")
     wait_topic_on_every_broker(cluster, name, partitions)
     return name
 
