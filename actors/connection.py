@@ -147,6 +147,22 @@ def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, micros))
 
 
+def consume_sent(parts: list, sent: int) -> None:
+    """Drop ``sent`` bytes from the front of the buffer list ``parts`` (what a
+    non-blocking ``sendmsg`` took of it)."""
+    i = 0
+    while i < len(parts):
+        p = parts[i]
+        size = p.nbytes if type(p) is memoryview else len(p)
+        if sent < size:
+            break
+        sent -= size
+        i += 1
+    del parts[:i]
+    if sent:
+        parts[0] = memoryview(parts[0])[sent:]
+
+
 def security_config(config: dict) -> dict:
     """The security settings of a client config (the others dropped)."""
     return {k: config[k] for k in SECURITY_DEFAULTS if k in config}

@@ -87,7 +87,9 @@ class FakeBroker:
             endpoint=BrokerEndpoint(broker_id, "127.0.0.1", 0))
         self.apis = KafkaApis(self.backend, producers=fake_producer_ids())
         self.backend.on_change = self.apis.notify
+        self.backend.on_change_inline = self.apis.notify_inline
         self.server = SocketServer(self.apis, SocketServerConfig(io_threads=4)).start()
+        self.backend.loop = self.server         # as a Broker's: channels on its thread
         self.address = ("127.0.0.1", self.server.port)
         self.backend.endpoint = BrokerEndpoint(broker_id, *self.address)
 

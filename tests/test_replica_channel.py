@@ -15,9 +15,36 @@ from actors.errors import (CorruptRecordError, IllegalArgumentError, KafkaTimeou
                            NotEnoughReplicasError, NotLeaderForPartitionError,
                            RequestTimedOutError)
 from actors.server import replica_channel
+from actors.server.network import SocketServer
 from actors.server.replica import PartitionReplica
-from actors.server.replica_channel import ReplicaChannel, wait
+from actors.server.replica_channel import ReplicaChannel as _ReplicaChannel
+from actors.server.replica_channel import wait
 from storage.records import build, decode_records
+
+_LOOP: list = []        # the listener serving the channels, in the "listener loop" runs
+
+
+@pytest.fixture(autouse=True, params=["own reader thread", "listener loop"])
+def channel_mode(request):
+    """Every test runs twice: with the channel's own reader thread, and served by a
+    listener's network thread (a broker's channels, ``loop=``)."""
+    if request.param == "own reader thread":
+        yield request.param
+        return
+    server = SocketServer(lambda request: None).start()
+    _LOOP.append(server)
+    try:
+        yield request.param
+    finally:
+        _LOOP.clear()
+        server.close()
+
+
+def ReplicaChannel(address, **kwargs):  # noqa: N802 - stands in for the class
+    """The channel in this run's mode (a channel without a reader thread is its own)."""
+    if _LOOP and kwargs.get("reader_thread", True):
+        kwargs["loop"] = _LOOP[0]
+    return _ReplicaChannel(address, **kwargs)
 
 
 @pytest.fixture
@@ -142,6 +169,33 @@ def test_stopping_the_replica_fails_requests_in_flight_at_once(tmp_path):
         replica.channel_address()                  # a stopped replica has none
     with pytest.raises(NotLeaderForPartitionError, match="refused"):
         ReplicaChannel(chan.address)               # nobody listens there any more
+
+
+def test_closing_the_listener_fails_the_channels_it_serves_at_once(leader, channel_mode):
+    """A channel read by a listener's network thread: when the listener closes (its
+    broker shuts down), a long poll parked on the channel fails with
+    NotLeaderForPartitionError at once, later requests too, and a new channel on the
+    closed listener is refused the same way; the other channel of the same listener that
+    was closed earlier left the listener serving."""
+    if channel_mode != "listener loop":
+        pytest.skip("only a channel served by a listener has one to lose")
+    server = SocketServer(lambda request: None).start()
+    try:
+        first = _ReplicaChannel(leader.channel_address(), loop=server)
+        first.close()
+        chan = _ReplicaChannel(leader.channel_address(), loop=server)
+        assert wait(chan.produce(build([b"a"]), acks=1), 5).base_offset == 0
+        parked = chan.fetch(1, 1 << 20, max_wait_ms=60_000)
+        started = time.monotonic()
+    finally:
+        server.close()
+    with pytest.raises(NotLeaderForPartitionError):
+        wait(parked, 10)
+    assert time.monotonic() - started < 10 and not chan.alive
+    with pytest.raises(NotLeaderForPartitionError):
+        wait(chan.produce(build([b"b"]), acks=1), 5)
+    with pytest.raises(NotLeaderForPartitionError, match="not running"):
+        _ReplicaChannel(leader.channel_address(), loop=server)
 
 
 def test_an_oversized_or_garbage_frame_closes_only_that_connection(leader):

@@ -369,6 +369,12 @@ class Broker:
             out.append((spec.name, spec.protocol, spec.adv_host or settings.host,
                         spec.adv_port or server.port))
         self.server = self.servers[0]
+        # the replica channels are read on the first listener's network thread, so the
+        # answers and pushes they bring complete Kafka requests without a thread hand-over;
+        # not with num.io.threads=0, where handlers that wait for a replica run on that
+        # thread (it could not read their answers)
+        if self.server.config.io_threads > 0:
+            self.backend.loop = self.server
         self.backend.endpoint = BrokerEndpoint(
             self.broker_id, out[0][2], out[0][3], self.config.get("broker.rack"),
             listeners=tuple((name, h, p) for name, _, h, p in out))

@@ -10,12 +10,17 @@ works, dropped when it fails or the replica actor changes (a new one opens on th
 request). A partition this broker does not lead answers NotLeaderForPartitionError
 (NOT_LEADER_OR_FOLLOWER), so clients refresh their metadata and go to the new leader.
 
+In a Broker the channels are read on the listener's network thread (``loop``: the
+channel's answers and pushes complete Kafka requests there, with no thread hand-over);
+without a ``loop`` each channel has a reader thread of its own.
+
 The purgatory is woken through the channel: each link asks its replica to ``watch`` (push
-its high watermark and log end offset whenever they change); the callback, on the
-channel's reader thread, records them and queues the partition for the notifier thread,
-which calls ``on_change(topic, partition)`` (``KafkaApis.notify``). Not on the reader
-thread itself: waking a parked Fetch reads through that same channel and waits for its
-answer, which only the reader thread could deliver. The recorded high watermark also lets
+its high watermark and log end offset whenever they change); the callback, on the thread
+that reads the channel, records them and wakes the fetches parked on the partition when
+the pushed tail answers them (``on_change_inline``), else queues the partition for the
+notifier thread, which calls ``on_change(topic, partition)`` (``KafkaApis.notify``). Not
+on the reading thread itself: such a Fetch reads through that same channel and waits for
+its answer, which only that thread could deliver. The recorded high watermark also lets
 a consumer's fetch at the high watermark (the usual long poll: nothing new yet) answer
 empty without a round trip to the replica.
 
@@ -200,6 +205,9 @@ class BrokerBackend:
         # ``on_change`` for the channel's reader thread: True when done, False when a
         # fetch needs the replica (then the notifier thread calls ``on_change``)
         self.on_change_inline: Callable[[str, int], bool] | None = None
+        # the listener whose network thread serves the channels (replica_channel's
+        # ``loop``); None: each channel reads on a thread of its own
+        self.loop = None
         self._metadata = metadata
         self._leader_epochs = leader_epochs
         self._replicas = replicas
@@ -369,7 +377,8 @@ class BrokerBackend:
             if link is not None and link.usable(handle, epoch):
                 return link
             try:
-                channel = ReplicaChannel(self._replicas.channel_address(handle))
+                channel = ReplicaChannel(self._replicas.channel_address(handle),
+                                         loop=self.loop)
             except Exception as exc:  # noqa: BLE001 - a replica stopping or gone: not here
                 error = unwrap(exc)
                 if isinstance(error, NotLeaderForPartitionError):

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Protocol
 
 from .. import wire
+from ..connection import consume_sent as _consume
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +306,8 @@ class SocketServer:
         self._delay_seq = 0
         self._tls_pending: set = set()  # connections with bytes out of the socket to read
         self._tls_scratch = bytearray(_TLS_READ) if self.security.tls else None
+        self._calls: collections.deque = collections.deque()    # for the network thread
+        self._attached: dict[socket.socket, _Attached] = {}
         self.port: int | None = None
         self.host = self.config.host
 
@@ -375,9 +378,12 @@ class SocketServer:
                         self._accept()
                     elif what == "wake":
                         self._drain_wake()
+                    elif type(what) is _Attached:
+                        self._serve_attached(what, events)
                     else:
                         self._serve(what, events)
                 self._serve_tls_pending()
+                self._run_calls()
                 self._complete_pending()
                 self._answer_delayed()
                 self._close_idle()
@@ -386,11 +392,102 @@ class SocketServer:
         finally:
             for conn in list(self._connections.values()):
                 self._close(conn, "shutdown")
+            self._run_calls()
+            for attached in list(self._attached.values()):
+                self._detach_now(attached.sock)
+                attached.owner.loop_closed()
             self._selector.close()
             if self._listener is not None:
                 self._listener.close()
             self._wake_r.close()
             self._wake_w.close()
+
+    # -- other sockets on the network thread ----------------------------------------------
+    def attach(self, sock: socket.socket, owner) -> None:
+        """Serve ``sock`` (non-blocking) on the network thread as well: ``owner.on_readable()``
+        when it can be read, ``owner.on_writable()`` when it can be written and
+        ``set_writing(sock, True)`` asked for that, ``owner.loop_closed()`` when the
+        listener closes with it still attached. Thread-safe (from another thread the
+        registration waits for the network thread's next turn; what arrives meanwhile
+        stays in the socket). RuntimeError once the listener is closing."""
+        if self._stopping.is_set() or self._thread is None:
+            raise RuntimeError("the listener is not running")
+        attached = _Attached(sock, owner)
+        self._on_loop(lambda: self._attach_now(attached))
+
+    def set_writing(self, sock: socket.socket, on: bool) -> None:
+        """Whether an attached socket's owner wants ``on_writable`` calls. Thread-safe."""
+        self._on_loop(lambda: self._set_writing_now(sock, on))
+
+    def detach(self, sock: socket.socket) -> None:
+        """Stop serving an attached socket and close it. Thread-safe: from another thread
+        the socket is shut down at once (its peer sees the end) and closed on the network
+        thread's next turn (an fd closed while registered would confuse the selector)."""
+        if threading.current_thread() is self._thread:
+            self._detach_now(sock)
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._thread is None or not self._thread.is_alive():
+            sock.close()
+            return
+        self._on_loop(lambda: self._detach_now(sock))
+
+    def on_network_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _on_loop(self, call) -> None:
+        if threading.current_thread() is self._thread:
+            call()
+        else:
+            self._calls.append(call)
+            self._wake()
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            try:
+                self._calls.popleft()()
+            except Exception:  # noqa: BLE001 - one owner's bug must not stop the others
+                log.exception("listener on port %s: a call on the network thread failed",
+                              self.port)
+
+    def _attach_now(self, attached: "_Attached") -> None:
+        if attached.sock.fileno() < 0:
+            return                      # detached (closed) before its turn came
+        self._attached[attached.sock] = attached
+        self._selector.register(attached.sock, selectors.EVENT_READ, attached)
+
+    def _set_writing_now(self, sock: socket.socket, on: bool) -> None:
+        attached = self._attached.get(sock)
+        if attached is None or attached.writing == on:
+            return
+        attached.writing = on
+        self._selector.modify(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if on
+                                                             else 0), attached)
+
+    def _detach_now(self, sock: socket.socket) -> None:
+        if self._attached.pop(sock, None) is not None:
+            try:
+                self._selector.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+        sock.close()
+
+    def _serve_attached(self, attached: "_Attached", events: int) -> None:
+        if attached.sock not in self._attached:
+            return                      # detached by an earlier event of this turn
+        try:
+            if events & selectors.EVENT_WRITE:
+                attached.owner.on_writable()
+            if events & selectors.EVENT_READ and attached.sock in self._attached:
+                attached.owner.on_readable()
+        except Exception:  # noqa: BLE001 - the owner's bug: it loses its socket, not us
+            log.exception("listener on port %s: serving an attached socket failed",
+                          self.port)
+            self._detach_now(attached.sock)
+            attached.owner.loop_closed()
 
     def _serve(self, conn: _Connection, events: int) -> None:
         """One connection's events; a bug met on its behalf closes it alone."""
@@ -934,6 +1031,17 @@ class SocketServer:
                 self._close(conn, f"idle for over {self.config.connections_max_idle_ms} ms")
 
 
+class _Attached:
+    """A socket of another owner served on the network thread (``SocketServer.attach``)."""
+
+    __slots__ = ("sock", "owner", "writing")
+
+    def __init__(self, sock: socket.socket, owner):
+        self.sock = sock
+        self.owner = owner
+        self.writing = False
+
+
 class _Failure(NamedTuple):
     why: str
     kind: str           # the stats counter it adds to
@@ -955,21 +1063,6 @@ def _head_bytes(parts: list, limit: int) -> bytes:
         out.append(view[:room])
         size += min(view.nbytes, room)
     return b"".join(out)
-
-
-def _consume(parts: list, sent: int) -> None:
-    """Drop ``sent`` bytes from the front of the buffer list ``parts``."""
-    i = 0
-    while i < len(parts):
-        p = parts[i]
-        size = p.nbytes if type(p) is memoryview else len(p)
-        if sent < size:
-            break
-        sent -= size
-        i += 1
-    del parts[:i]
-    if sent:
-        parts[0] = memoryview(parts[0])[sent:]
 
 
 __all__ = ["SocketServer", "SocketServerConfig", "Request", "RequestHandler",

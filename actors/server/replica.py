@@ -329,7 +329,8 @@ class PartitionReplica:
     def _namespace(self) -> str | None:
         if self.namespace is None:
             ray = sys.modules.get("ray")
-            if ray is not None and ray.is_initialized():
+            # (a module another thread is still importing has no is_initialized yet)
+            if ray is not None and getattr(ray, "is_initialized", bool)():
                 self.namespace = ray.get_runtime_context().namespace
         return self.namespace
 

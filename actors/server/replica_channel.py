@@ -71,7 +71,7 @@ import time
 from typing import NamedTuple
 
 from .. import errors as _errors
-from ..connection import set_receive_timeout
+from ..connection import consume_sent, set_receive_timeout
 from ..errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError
 from ..protocol import FetchResult, ProduceResult, ReplicaFetchResult
 
@@ -105,6 +105,9 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_FRAME_BYTES = 128 << 20    # above message.max.bytes of any sane topic
 DEFAULT_MAX_WORKERS = 8                # as the replica actor's max_concurrency
 TAIL_PUSH_BYTES = 256 << 10            # batches per watch push, at most about this much
+_READ_CHUNK = 64 << 10                 # loop: one read takes up to this; larger frames are
+                                       # read into a buffer of their own
+_IOV_MAX = 512                         # buffers per sendmsg
 
 
 class WatchEvent(NamedTuple):
@@ -450,10 +453,19 @@ class ReplicaChannel:
     applying what it fetched): no reader thread; the owner reads each answer itself with
     ``result(future, timeout_s)``, which saves a thread hand-off per request. Such a
     channel carries no watch, and a failed send or a late answer fails the whole channel
-    (a frame cut short would leave the stream undecodable)."""
+    (a frame cut short would leave the stream undecodable).
+
+    ``loop`` (a listener's ``network.SocketServer``) serves the channel on that listener's
+    network thread instead of a thread of its own: answers and watch pushes are read there
+    (futures complete and watch callbacks run on it, so a Kafka answer they finish is
+    written without a hand-over to that thread), and every send is non-blocking: what the
+    socket does not take at once waits, in order, for the network thread to write it when
+    the socket has room. No send may block there: the replica may be blocked writing to
+    this very thread (see ``_send_lock``). A failed send fails the whole channel."""
 
     def __init__(self, address: str, *, connect_timeout_s: float = 5.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, reader_thread: bool = True):
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, reader_thread: bool = True,
+                 loop=None):
         self.address = address
         self.max_frame_bytes = max_frame_bytes
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -481,10 +493,23 @@ class ReplicaChannel:
         self._watchers: dict[int, object] = {}     # watch request id -> callback
         self._next_id = 0
         self._dead: BaseException | None = None
-        self._inline = not reader_thread
+        self._inline = loop is None and not reader_thread
         self._read_lock = threading.Lock()          # inline: one reader at a time
         self._read_timeout_s: float | None = None   # inline: the socket's SO_RCVTIMEO
-        if reader_thread:
+        self._loop = loop
+        self._out: list = []            # loop: what the socket has not taken yet, in order
+        self._rest = b""                # loop: bytes read past the last whole frame
+        self._big: bytearray | None = None          # loop: a large frame being filled
+        self._big_got = 0
+        if loop is not None:
+            self._sock.setblocking(False)
+            try:
+                loop.attach(self._sock, self)
+            except RuntimeError as exc:
+                self._sock.close()
+                raise NotLeaderForPartitionError(
+                    f"replica channel {address[1:]!r}: {exc}") from None
+        elif reader_thread:
             threading.Thread(target=self._read_loop, daemon=True, name="channel-read").start()
 
     @property
@@ -532,6 +557,9 @@ class ReplicaChannel:
             request_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             frame = _REQ.pack(5 + len(body), request_id, POSITION) + body
             queued = self._deferring
+        if self._loop is not None:
+            self._send_nowait([frame])
+            return
         if not queued and self._send_lock.acquire(blocking=False):
             try:
                 sent = self._sock.send(frame, socket.MSG_DONTWAIT)
@@ -613,6 +641,9 @@ class ReplicaChannel:
         frame = [_REQ.pack(size, request_id, op), *parts]
         if payload is not None and len(payload):
             frame.append(payload)
+        if self._loop is not None:
+            self._send_nowait(frame)
+            return future
         try:
             with self._send_lock:
                 total = sum(len(p) for p in frame)
@@ -631,6 +662,101 @@ class ReplicaChannel:
             if not future.done():
                 future.set_exception(failed)
         return future
+
+    # -- served by a listener's network thread (``loop``) ---------------------------------
+    def _send_nowait(self, frame: list) -> None:
+        """Send a whole frame without blocking: what the socket does not take now is
+        queued behind what is already waiting, and the network thread writes it."""
+        failure = None
+        with self._send_lock:
+            if self._out:
+                self._out.extend(frame)
+                return
+            try:
+                sent = self._sock.sendmsg(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                failure = exc
+            if failure is None:
+                consume_sent(frame, sent)
+                if not frame:
+                    return
+                self._out = frame
+        if failure is not None:
+            self._fail(NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r} failed: {failure}"))
+            return
+        self._loop.set_writing(self._sock, True)
+
+    def on_writable(self) -> None:
+        """(network thread) Write what waits; stop asking once nothing does."""
+        failure = None
+        with self._send_lock:
+            while self._out:
+                try:
+                    sent = self._sock.sendmsg(self._out[:_IOV_MAX])
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError as exc:
+                    failure = exc
+                    break
+                consume_sent(self._out, sent)
+            if failure is None:
+                # under the lock: a sender queueing after this asks again, after it
+                self._loop.set_writing(self._sock, False)
+        if failure is not None:
+            self._fail(NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r} failed: {failure}"))
+
+    def on_readable(self) -> None:
+        """(network thread) Read what has come, settle every whole answer in it."""
+        try:
+            if self._big is not None:               # the rest of a large frame: in place
+                n = self._sock.recv_into(memoryview(self._big)[self._big_got:])
+                if n == 0:
+                    raise ConnectionError("the replica closed it")
+                self._big_got += n
+                if self._big_got < len(self._big):
+                    return
+                frame, self._big = self._big, None
+                self._deliver(frame)
+                return
+            data = self._sock.recv(_READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r} failed: {exc}"))
+            return
+        if not data:
+            self._fail(NotLeaderForPartitionError(
+                f"replica channel {self.address[1:]!r}: the replica closed it"))
+            return
+        if self._rest:
+            data, self._rest = self._rest + data, b""
+        pos, end = 0, len(data)
+        while end - pos >= _SIZE.size and self._dead is None:
+            (size,) = _SIZE.unpack_from(data, pos)
+            if size < 5 or size > self.max_frame_bytes + 64:
+                self._fail(NotLeaderForPartitionError(f"bad response frame of {size} bytes"))
+                return
+            start = pos + _SIZE.size
+            if start + size > end:
+                if size > _READ_CHUNK:              # read the rest straight into its buffer
+                    self._big = bytearray(size)
+                    self._big[:end - start] = memoryview(data)[start:end]
+                    self._big_got = end - start
+                    return
+                break
+            self._deliver(data[start:start + size])
+            pos = start + size
+        self._rest = data[pos:]
+
+    def loop_closed(self) -> None:
+        """(network thread) The listener closed with this channel still on it."""
+        self._fail(NotLeaderForPartitionError(
+            f"replica channel {self.address[1:]!r}: the broker's listener closed"))
 
     def result(self, future: concurrent.futures.Future, timeout_s: float):
         """The answer of a request made on this channel (its error raised), waiting at
@@ -671,6 +797,12 @@ class ReplicaChannel:
         if frame is None:
             return NotLeaderForPartitionError(
                 f"replica channel {self.address[1:]!r}: the replica closed it")
+        self._deliver(frame)
+        return None
+
+    def _deliver(self, frame) -> None:
+        """Settle the request one answer frame (id, status, body) is for, or run its
+        watcher."""
         request_id, status = struct.unpack_from("<IB", frame, 0)
         with self._lock:
             watcher = self._watchers.get(request_id) if status == OK else \
@@ -679,7 +811,7 @@ class ReplicaChannel:
                 else self._pending.pop
             op, future = take(request_id, (None, None))
         if future is None:
-            return None
+            return
         if watcher is not None and status == OK:
             if not future.done():
                 future.set_result(None)
@@ -690,7 +822,6 @@ class ReplicaChannel:
                 log.exception("replica channel %r: watch callback failed", self.address[1:])
         elif not future.done():
             self._complete(op, status, memoryview(frame)[5:], future)
-        return None
 
     def _read_loop(self) -> None:
         why: BaseException | None = None
@@ -728,11 +859,14 @@ class ReplicaChannel:
             self._watchers = {}
             self._deferred = []
             self._deferred_ready.notify_all()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        if self._loop is not None:
+            self._loop.detach(self._sock)       # shut down now, closed on its thread
+        else:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
         for _, future in pending.values():
             if not future.done():
                 future.set_exception(exc)
