@@ -14,7 +14,8 @@ one). It measures, in this order:
    partition's request is in flight, as Kafka's producer does; ``send_batch`` would send each
    chunk as its own request), each value stamped with its send time; a long-polling Consumer (``fetch_max_wait_ms`` 500) in its own process (a Ray
    actor on this machine) takes the receive time of each record after ``poll`` returns.
-   Latency = receive - send, wall clock (one machine, one clock). ``e2e_send_to_ack_*``
+   Latency = receive - send, wall clock (one machine, one clock), after a warm-up (the
+   producer's connections, the consumer's, its polling started). ``e2e_send_to_ack_*``
    times send -> acknowledgement of one record per millisecond: the share of the latency
    spent in the producer and replication, before the consumer could read the record.
 
@@ -149,12 +150,21 @@ class E2EConsumer:
             self.consumer.position(tp)
 
     def ready(self) -> bool:
+        import threading
+        self._running = threading.Event()
+        self.consumer.poll(timeout_ms=0)       # connects to the leaders (warm-up)
         return True
+
+    def running(self, timeout_s: float) -> bool:
+        """Whether ``run`` has started polling (the actor runs two calls at once)."""
+        return self._running.wait(timeout_s)
 
     def run(self, n: int, timeout_s: float) -> dict:
         latencies = []
         deadline = time.monotonic() + timeout_s
         polls = 0
+        self.consumer.poll(timeout_ms=0)       # the first long polls are out
+        self._running.set()
         while len(latencies) < n and time.monotonic() < deadline:
             got = self.consumer.poll(timeout_ms=500)
             now = time.time()
@@ -219,13 +229,25 @@ def end_to_end(cluster, topic: str, seconds: float, size: int, rate: int = E2E_R
     from actors import raycompat
     chunk = max(1, rate // 1000)
     n = int(rate * seconds) // chunk * chunk
+    pad = b"\0" * (size - struct.calcsize(STAMP))
+    producer = cluster.producer(acks="all", linger_ms=0)
+    # warm-up, not timed: the producer's metadata and its connection to every leader (one
+    # record to each partition, before the consumer starts at the end of the log), and
+    # the consumer's connections (its first poll, in ready); else the first records of a
+    # run wait for them
+    try:
+        for p in producer.partitions_for(topic):
+            producer.send(topic, b"warm-up", partition=p).get(timeout=60)
+    except BaseException:
+        producer.close(timeout=30)
+        raise
     reader = ray.remote(E2EConsumer).options(
-        num_cpus=0, scheduling_strategy=raycompat.this_node()).remote(
+        num_cpus=0, max_concurrency=2, scheduling_strategy=raycompat.this_node()).remote(
             cluster.namespace, topic, 500)
     ray.get(reader.ready.remote(), timeout=120)
     result_ref = reader.run.remote(n, seconds + 60)
-    pad = b"\0" * (size - struct.calcsize(STAMP))
-    producer = cluster.producer(acks="all", linger_ms=0)
+    # the first records must not wait for the call that starts run (tens of ms here)
+    ray.get(reader.running.remote(60), timeout=120)
     late = 0
     acked_ms: list = []
     try:
