@@ -147,6 +147,10 @@ def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, micros))
 
 
+#: buffers per ``sendmsg`` call (Linux allows 1024)
+IOV_MAX = 512
+
+
 def consume_sent(parts: list, sent: int) -> None:
     """Drop ``sent`` bytes from the front of the buffer list ``parts`` (what a
     non-blocking ``sendmsg`` took of it)."""

@@ -46,6 +46,7 @@ import argparse
 import os
 import struct
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,10 +149,9 @@ class E2EConsumer:
         self.consumer.seek_to_end()
         for tp in self.consumer.assignment():
             self.consumer.position(tp)
+        self._running = threading.Event()      # set once ``run`` polls
 
     def ready(self) -> bool:
-        import threading
-        self._running = threading.Event()
         self.consumer.poll(timeout_ms=0)       # connects to the leaders (warm-up)
         return True
 

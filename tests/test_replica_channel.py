@@ -179,7 +179,7 @@ def test_closing_the_listener_fails_the_channels_it_serves_at_once(leader, chann
     was closed earlier left the listener serving."""
     if channel_mode != "listener loop":
         pytest.skip("only a channel served by a listener has one to lose")
-    server = SocketServer(lambda request: None).start()
+    server = _LOOP[0]
     try:
         first = _ReplicaChannel(leader.channel_address(), loop=server)
         first.close()

@@ -76,12 +76,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Protocol
 
 from .. import wire
+from ..connection import IOV_MAX as _IOV_MAX
 from ..connection import consume_sent as _consume
 
 log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
-_IOV_MAX = 512                      # buffers per sendmsg call (Linux allows 1024)
 _TLS_CHUNK = 256 * 1024             # plaintext bytes encrypted (and sent) at a time
 _TLS_READ = 256 * 1024              # ciphertext bytes taken from a socket at a time
 ANONYMOUS = "User:ANONYMOUS"
@@ -434,9 +434,6 @@ class SocketServer:
             sock.close()
             return
         self._on_loop(lambda: self._detach_now(sock))
-
-    def on_network_thread(self) -> bool:
-        return threading.current_thread() is self._thread
 
     def _on_loop(self, call) -> None:
         if threading.current_thread() is self._thread:

@@ -71,7 +71,7 @@ import time
 from typing import NamedTuple
 
 from .. import errors as _errors
-from ..connection import consume_sent, set_receive_timeout
+from ..connection import IOV_MAX, consume_sent, set_receive_timeout
 from ..errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError
 from ..protocol import FetchResult, ProduceResult, ReplicaFetchResult
 
@@ -107,7 +107,6 @@ DEFAULT_MAX_WORKERS = 8                # as the replica actor's max_concurrency
 TAIL_PUSH_BYTES = 256 << 10            # batches per watch push, at most about this much
 _READ_CHUNK = 64 << 10                 # loop: one read takes up to this; larger frames are
                                        # read into a buffer of their own
-_IOV_MAX = 512                         # buffers per sendmsg
 
 
 class WatchEvent(NamedTuple):
@@ -695,7 +694,7 @@ class ReplicaChannel:
         with self._send_lock:
             while self._out:
                 try:
-                    sent = self._sock.sendmsg(self._out[:_IOV_MAX])
+                    sent = self._sock.sendmsg(self._out[:IOV_MAX])
                 except (BlockingIOError, InterruptedError):
                     return
                 except OSError as exc:
