@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 from coordination.credentials import SCRAM_MECHANISMS, keys_of, salted_password
 
-from . import wire
+from . import hoptrace, wire
 from .errors import (IllegalSaslStateError, InvalidConfigurationError, KafkaError,
                      NetworkError, SaslAuthenticationError, UnsupportedSaslMechanismError)
 
@@ -395,6 +395,8 @@ class KafkaConnection:
         if self._tls is not None:
             self._tls_send(views)
             return
+        if hoptrace.DIR:
+            hoptrace.hop("C>")
         while views:
             sent = self._sock.sendmsg(views[:_IOV_MAX])
             while sent and views:
@@ -466,6 +468,8 @@ class KafkaConnection:
                 return NetworkError(f"broker at {self.host}:{self.port} sent a "
                                     f"response nobody asked for")
             cid, api_key, version, future = self._waiting.popleft()
+        if hoptrace.DIR:
+            hoptrace.hop(f"C<{api_key}")
         try:
             got, body = wire.decode_response(api_key, version, memoryview(frame))
             if got != cid:

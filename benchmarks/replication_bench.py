@@ -53,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
+from actors import hoptrace  # noqa: E402
 from benchmarks.common import (bench_cluster, drop_topic, finish, phase, ratio,  # noqa: E402
                                say)
 
@@ -168,6 +169,8 @@ class E2EConsumer:
         while len(latencies) < n and time.monotonic() < deadline:
             got = self.consumer.poll(timeout_ms=500)
             now = time.time()
+            if hoptrace.DIR and got:
+                hoptrace.hop(f"POLL {sum(len(v) for v in got.values())}")
             polls += 1
             for records in got.values():
                 for r in records:
@@ -261,6 +264,8 @@ def end_to_end(cluster, topic: str, seconds: float, size: int, rate: int = E2E_R
             elif wait < -0.01:
                 late += 1
             for _ in range(chunk):
+                if hoptrace.DIR:
+                    hoptrace.hop("SEND")
                 sent_at = time.time()
                 futures.append(producer.send(topic, struct.pack(STAMP, sent_at) + pad))
             # one record per tick also times send -> acknowledgement (acks=all): the part

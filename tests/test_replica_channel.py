@@ -448,6 +448,39 @@ def test_apply_appends_as_the_follower_and_refuses_another_generation(tmp_path):
         chan.close()
     finally:
         leader.stop()
+
+
+def test_hw_moves_the_followers_high_watermark_without_an_answer(tmp_path):
+    """HW (no answer) sets the follower's HW, never past its log end; with a stale
+    generation it changes nothing, and the channel's next APPLY is answered as usual."""
+    leader = PartitionReplica("hwop", 0, 0, str(tmp_path / "l"), {})
+    follower = PartitionReplica("hwop", 0, 1, str(tmp_path / "f"), {})
+    try:
+        leader.become_leader(0, [0, 1], [0, 1])
+        leader.produce(build([b"x", b"y"]), 1, 1000)
+        state = follower.become_follower(0, 0, [0, 1], [0, 1], fetch=False)
+        gen = state["generation"]
+        chan = ReplicaChannel(follower.channel_address())
+        assert wait(chan.apply(gen, 0, 0, 0, leader.log.read(0, 1 << 20)), 5) == (2, 0)
+        assert chan.high_watermark(gen, 2, 1, 0) is None
+        deadline = time.monotonic() + 5
+        while follower.high_watermark != 1:
+            assert time.monotonic() < deadline, "the HW never reached the follower"
+            time.sleep(0.005)
+        chan.high_watermark(gen, 2, 9, 0)            # beyond its log end: its LEO
+        while follower.high_watermark == 1:
+            assert time.monotonic() < deadline, "the second HW never reached the follower"
+            time.sleep(0.005)
+        assert follower.high_watermark == 2
+        chan.high_watermark(gen + 1, 2, 0, 0)        # another generation: ignored
+        # a refused APPLY, answered after it (one connection, in order), changes nothing
+        assert wait(chan.apply(gen + 1, 2, 0, 0, b""), 5) is None
+        assert follower.high_watermark == 2
+        assert wait(chan.apply(gen, 2, 2, 0, b""), 5) == (2, 2)
+        chan.close()
+    finally:
+        follower.stop()
+        leader.stop()
         follower.stop()
 
 

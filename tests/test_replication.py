@@ -185,8 +185,13 @@ def test_a_stopped_follower_leaves_the_isr_after_the_lag_time(partition, brokers
     ray.kill(partition.handles[2], no_restart=True)
     killed = time.monotonic()
     partition.produce(0, values("y", 2), acks=1)         # 2 can no longer be caught up
-    wait_until(lambda: partition.state(0)["isr"] == [0, 1], timeout_s=LAG_MS / 1000 + 10,
-               what="ISR without the killed follower")
+    try:
+        wait_until(lambda: partition.state(0)["isr"] == [0, 1],
+                   timeout_s=LAG_MS / 1000 + 10, what="ISR without the killed follower")
+    except AssertionError as exc:   # what the leader saw: this failed twice under load
+        raise AssertionError(
+            f"{exc}; leader {partition.state(0)}; proposals "
+            f"{ray.get(brokers[0].proposals_for.remote(partition.topic))}") from None
     proposals = ray.get(brokers[0].proposals_for.remote(partition.topic))
     assert proposals[-1][2:5] == (0, 0, [0, 1])
     proposed_at = proposals[-1][6]                # time.monotonic(): one clock per machine

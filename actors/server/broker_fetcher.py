@@ -19,8 +19,9 @@ Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved
    epoch (KIP-101/279): ``fetcher.truncation_offset`` with the leader asked through
    OffsetForLeaderEpoch on the same connection and the local replica through Ray (rare:
    once per leader change);
-2. then it is fetched every round; an answer with records or a new high watermark goes to
-   the replica;
+2. then it is fetched every round; an answer with records goes to the replica (APPLY,
+   awaited: the next Fetch carries the new log end), one with only a new high watermark
+   too, but without an answer to wait for (HW: a message instead of a round trip);
 3. errors per partition: OFFSET_OUT_OF_RANGE cuts to the leader's log end or starts over at
    its log start; a fenced or unknown epoch, a leader that is not (yet) the leader, a
    failed append or a dead replica channel delays the partition ``replica.fetch.backoff.ms``
@@ -338,7 +339,7 @@ class BrokerFetcherThread:
         if error is not None:
             raise error
         by_key = {p.key: p for p in fetching}
-        applies = []
+        applies, hws = [], []
         for t in answer["responses"]:
             for part in t["partitions"]:
                 p = by_key.get((t["topic"], part["partition_index"]))
@@ -350,7 +351,9 @@ class BrokerFetcherThread:
                     continue
                 records = part["records"]
                 hw = part["high_watermark"]
-                if (records is None or len(records) == 0) and hw == p.high_watermark:
+                if records is None or len(records) == 0:
+                    if hw != p.high_watermark:
+                        hws.append((p, hw, part["log_start_offset"]))
                     continue
                 try:
                     channel = self._channel(p)
@@ -361,6 +364,16 @@ class BrokerFetcherThread:
                     self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
                                f"no channel to the local replica ({exc!r})")
                     self._delay([p])
+        # a new HW alone is told without waiting for the replica (replica_channel HW): one
+        # message instead of a round trip, sent after the records, which go first
+        for p, hw, start in hws:
+            try:
+                self._channel(p).high_watermark(p.generation, p.fetch_offset, hw, start)
+                p.high_watermark = hw
+            except Exception as exc:  # noqa: BLE001 - no channel: the replica is gone
+                self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
+                           f"no channel to the local replica ({exc!r})")
+                self._delay([p])
         for p, channel, f in applies:
             try:
                 position = channel.result(f, APPLY_TIMEOUT_S)

@@ -75,7 +75,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Protocol
 
-from .. import wire
+from .. import hoptrace, wire
 from ..connection import IOV_MAX as _IOV_MAX
 from ..connection import consume_sent as _consume
 
@@ -792,6 +792,8 @@ class SocketServer:
             self._close(conn, str(exc))
             return
         self._stats["requests"] += 1
+        if hoptrace.DIR:
+            hoptrace.hop(f"L<{header.api_key}")
         slot = _Slot(len(frame))
         conn.slots.append(slot)
         conn.inbox.append((slot, Request(header, frame[pos:], conn.peer,
@@ -987,6 +989,8 @@ class SocketServer:
         while (conn.out or tls is not None and tls.raw is not None) and not conn.closed:
             try:
                 if tls is None:
+                    if hoptrace.DIR:
+                        hoptrace.hop("L>")
                     sent = conn.sock.sendmsg(conn.out[:_IOV_MAX])
                     _consume(conn.out, sent)
                 elif not self._send_raw(conn):

@@ -28,6 +28,9 @@ ends run, since both ends are started from one installation):
                 follower's position, never waits: the broker's purgatory does)
       APPLY     i64 generation | i64 fetch_offset | i64 high_watermark | i64 log_start_offset
                 | record batches (what the leader sent, for this follower replica to append)
+      HW        as APPLY without batches (no response: the leader's HW and log start for a
+                follower whose fetch brought no records; the fetcher does not wait for it,
+                and a replica that moved on shows in the next APPLY's answer)
     response  u32 size | u32 request id | u8 status | body
       OK PRODUCE  i64 base_offset | i64 last_offset | i64 log_append_time_ms
                   | i64 log_start_offset
@@ -71,6 +74,7 @@ import time
 from typing import NamedTuple
 
 from .. import errors as _errors
+from .. import hoptrace
 from ..connection import IOV_MAX, consume_sent, set_receive_timeout
 from ..errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError
 from ..protocol import FetchResult, ProduceResult, ReplicaFetchResult
@@ -81,6 +85,7 @@ WATCH = 3
 REPLICA_FETCH = 4
 APPLY = 5
 POSITION = 6
+HW = 7
 OK = 0
 ERROR = 1
 ISOLATION = {"high_watermark": 0, "log_end": 1}
@@ -222,6 +227,8 @@ class ReplicaChannelServer:
         ended = threading.Event()                       # watches of this connection stop
 
         def send(parts: list) -> None:
+            if hoptrace.DIR:
+                hoptrace.hop("S>")
             with send_lock:
                 try:
                     if len(parts) == 1:
@@ -246,6 +253,8 @@ class ReplicaChannelServer:
                 if frame is None:
                     return
                 request_id, op = struct.unpack_from("<IB", frame, 0)
+                if hoptrace.DIR:
+                    hoptrace.hop(f"S<{op}")
                 if op == WATCH:
                     watch = _Watch(request_id, send, threading.current_thread())
                     watches.append(watch)
@@ -311,6 +320,13 @@ class ReplicaChannelServer:
                 position = self.replica.follower_position(generation) if applied else None
                 answer = _APPLIED.pack(*(position or (-1, -1)))
                 send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
+            elif op == HW:
+                generation, offset, hw, start = _APPLY.unpack_from(body, 0)
+                try:
+                    self.replica.apply_fetch(generation, offset,
+                                             ReplicaFetchResult(b"", hw, start, -1))
+                except KafkaError as exc:     # no one waits for an answer: the next APPLY
+                    log.debug("replica channel: HW %d refused: %s", hw, exc)   # shows it
             else:
                 raise KafkaError(f"unknown channel op {op}")
         except Exception as exc:  # noqa: BLE001 - every failure is the requester's answer
@@ -540,6 +556,14 @@ class ReplicaChannel:
         head = _APPLY.pack(generation, fetch_offset, high_watermark, log_start_offset)
         return self._request(APPLY, [head], records)
 
+    def high_watermark(self, generation: int, fetch_offset: int, high_watermark: int,
+                       log_start_offset: int) -> None:
+        """Tell this follower replica the leader's HW and log start when a fetch brought
+        it no records (no answer: what the replica could refuse, the next ``apply``
+        answers)."""
+        head = _APPLY.pack(generation, fetch_offset, high_watermark, log_start_offset)
+        self._request(HW, [head], None, answered=False)
+
     def position(self, follower_id: int, leader_epoch: int, offset: int) -> None:
         """Tell this leader replica a follower fetched at ``offset`` (no answer: a refusal
         shows in the follower's next fetch the broker cannot answer from its cache).
@@ -638,6 +662,8 @@ class ReplicaChannel:
             if watcher is not None:
                 self._watchers[request_id] = watcher
         frame = [_REQ.pack(size, request_id, op), *parts]
+        if hoptrace.DIR:
+            hoptrace.hop(f"R>{op}:{0 if payload is None else len(payload)}")
         if payload is not None and len(payload):
             frame.append(payload)
         if self._loop is not None:
@@ -803,6 +829,8 @@ class ReplicaChannel:
         """Settle the request one answer frame (id, status, body) is for, or run its
         watcher."""
         request_id, status = struct.unpack_from("<IB", frame, 0)
+        if hoptrace.DIR:
+            hoptrace.hop(f"R<{status}")
         with self._lock:
             watcher = self._watchers.get(request_id) if status == OK else \
                 self._watchers.pop(request_id, None)
