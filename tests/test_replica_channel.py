@@ -347,12 +347,12 @@ def test_appends_over_the_watched_connection_never_wake_the_watch_thread(tmp_pat
     thread, without waking the watch's own thread (a thread switch per append); an append
     made elsewhere (a Ray call's thread) is pushed by the watch's thread."""
     pushers = []
-    push = replica_channel._Watch.push
+    push = replica_channel._Watch.push_locked
 
     def recorded(watch, replica):
         pushers.append(threading.current_thread().name)
         push(watch, replica)
-    monkeypatch.setattr(replica_channel._Watch, "push", recorded)
+    monkeypatch.setattr(replica_channel._Watch, "push_locked", recorded)
     replica = PartitionReplica("quiet", 0, 0, str(tmp_path), {})
     try:
         replica.become_leader(0, [0], [0])
@@ -660,3 +660,54 @@ def test_a_channel_without_a_reader_thread_fails_when_an_answer_is_late():
         for c in accepted:
             c.close()
         server.close()
+
+
+def test_the_answers_and_push_of_one_read_leave_the_replica_in_one_send(tmp_path,
+                                                                         monkeypatch,
+                                                                         channel_mode):
+    """Two produces that arrive in one read are answered, together with the watch's push of
+    both appends, by ONE send: the broker is woken once, not three times."""
+    if channel_mode != "own reader thread":
+        pytest.skip("the replica's side only: one run is enough")
+    sends = []
+    monkeypatch.setattr(replica_channel.hoptrace, "DIR", "counting")
+    monkeypatch.setattr(replica_channel.hoptrace, "hop",
+                        lambda label: sends.append(label) if label == "S>" else None)
+    replica = PartitionReplica("corked", 0, 0, str(tmp_path), {})
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        replica.become_leader(0, [0], [0])
+        sock.connect(replica.channel_address())
+        sock.settimeout(5)
+        frames = bytearray()
+
+        def read_until(done):
+            got = []
+            while not done(got):
+                chunk = sock.recv(65536)
+                assert chunk, "the replica closed the channel"
+                frames.extend(chunk)
+                while len(frames) >= 4 and len(frames) >= 4 + struct.unpack_from(
+                        "<I", frames)[0]:
+                    size = struct.unpack_from("<I", frames)[0]
+                    got.append(bytes(frames[4:4 + size]))
+                    del frames[:4 + size]
+            return got
+
+        sock.sendall(replica_channel._REQ.pack(5, 1, replica_channel.WATCH))
+        read_until(lambda got: got)                          # the first state
+        sends.clear()
+        batch = build([b"a"])
+        produce = [replica_channel._REQ.pack(5 + replica_channel._PRODUCE.size + len(batch),
+                                             rid, replica_channel.PRODUCE)
+                   + replica_channel._PRODUCE.pack(1, 1000) + batch for rid in (2, 3)]
+        sock.sendall(b"".join(produce))                       # one write: read at once
+        got = read_until(lambda got: {2, 3} <= {struct.unpack_from("<I", f)[0] for f in got}
+                         and any(struct.unpack_from("<I", f)[0] == 1
+                                 and replica_channel._WATCHED.unpack_from(f, 5)[5] == 2
+                                 for f in got))
+        assert [struct.unpack_from("<I", f)[0] for f in got] == [2, 3, 1]
+        assert sends == ["S>"]
+    finally:
+        sock.close()
+        replica.stop()

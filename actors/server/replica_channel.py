@@ -127,6 +127,17 @@ class WatchEvent(NamedTuple):
     data: memoryview
 
 
+def _recv_into(sock: socket.socket, view: memoryview) -> int:
+    """Fill ``view`` from ``sock``; how much came before the stream ended."""
+    got = 0
+    while got < len(view):
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            break
+        got += k
+    return got
+
+
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray | None:
     """``n`` bytes from ``sock`` into one buffer; None at a clean end of stream before any."""
     buf = bytearray(n)
@@ -226,7 +237,14 @@ class ReplicaChannelServer:
         watches: list[_Watch] = []
         ended = threading.Event()                       # watches of this connection stop
 
+        reader = threading.current_thread()
+        corked: list = []       # the reader's answers and pushes of this read, sent at once
+        cork = [False, False]   # corked; a request was handled since the last flush
+
         def send(parts: list) -> None:
+            if cork[0] and threading.current_thread() is reader:
+                corked.extend(parts)
+                return
             if hoptrace.DIR:
                 hoptrace.hop("S>")
             with send_lock:
@@ -234,38 +252,75 @@ class ReplicaChannelServer:
                     if len(parts) == 1:
                         conn.sendall(parts[0])
                         return
-                    sent = conn.sendmsg(parts)
+                    sent = conn.sendmsg(parts[:IOV_MAX])
                     total = sum(len(p) for p in parts)
                     if sent < total:         # a short send (a signal): finish it, in order
                         conn.sendall(b"".join(bytes(p) for p in parts)[sent:])
                 except OSError:
                     pass                                 # the reader sees the end
 
+        def flush() -> None:
+            """The answers made ready by this read (acks=all ones too), then one push per
+            watch of what the requests changed, in ONE message: the broker is woken once
+            per read, not once per answer. The watches' locks are held until it is sent,
+            so a watch thread never sends a newer state ahead of this one."""
+            if self._acks_ready:
+                self._send_acks()
+            pushing = watches if cork[1] else ()
+            for watch in pushing:
+                watch.lock.acquire()
+            try:
+                for watch in pushing:
+                    watch.push_locked(self.replica)
+                out = corked[:]
+                corked.clear()
+                cork[0] = cork[1] = False
+                if out:
+                    send(out)
+            finally:
+                for watch in pushing:
+                    watch.lock.release()
+
         try:
+            rest = b""
             while True:
-                head = _recv_exactly(conn, _SIZE.size)
-                if head is None:
+                data = conn.recv(_READ_CHUNK)
+                if not data:
                     return
-                (size,) = _SIZE.unpack(head)
-                if size < 5 or size > self.max_frame_bytes:
-                    return                               # refused before allocating
-                frame = _recv_exactly(conn, size)
-                if frame is None:
-                    return
-                request_id, op = struct.unpack_from("<IB", frame, 0)
-                if hoptrace.DIR:
-                    hoptrace.hop(f"S<{op}")
-                if op == WATCH:
-                    watch = _Watch(request_id, send, threading.current_thread())
-                    watches.append(watch)
-                    threading.Thread(target=self._watch, args=(watch, ended),
-                                     daemon=True, name="channel-watch").start()
-                    continue
-                self._handle(request_id, op, memoryview(frame)[5:], send)
-                if self._acks_ready:
-                    self._send_acks()
-                for watch in watches:            # what this request changed, pushed now
-                    watch.push(self.replica)
+                if rest:
+                    data, rest = rest + data, b""
+                pos, end = 0, len(data)
+                cork[0] = True
+                while end - pos >= _SIZE.size:
+                    (size,) = _SIZE.unpack_from(data, pos)
+                    if size < 5 or size > self.max_frame_bytes:
+                        return                           # refused before allocating
+                    start = pos + _SIZE.size
+                    if start + size <= end:
+                        frame = data[start:start + size]
+                        pos = start + size
+                    else:                # the rest of a large frame: straight into its buffer
+                        frame = bytearray(size)
+                        frame[:end - start] = memoryview(data)[start:end]
+                        flush()                  # what is ready does not wait for it
+                        cork[0] = True
+                        got = _recv_into(conn, memoryview(frame)[end - start:])
+                        if got < size - (end - start):
+                            raise ConnectionError("connection closed inside a frame")
+                        pos = end
+                    request_id, op = struct.unpack_from("<IB", frame, 0)
+                    if hoptrace.DIR:
+                        hoptrace.hop(f"S<{op}")
+                    if op == WATCH:
+                        watch = _Watch(request_id, send, reader)
+                        watches.append(watch)
+                        threading.Thread(target=self._watch, args=(watch, ended),
+                                         daemon=True, name="channel-watch").start()
+                        continue
+                    cork[1] = True
+                    self._handle(request_id, op, memoryview(frame)[5:], send)
+                rest = data[pos:]
+                flush()
         except (OSError, ConnectionError):
             return
         finally:
@@ -439,22 +494,27 @@ class _Watch:
         pushers never send a state older than one already sent). A push that stopped at
         TAIL_PUSH_BYTES leaves the rest to the watch's thread."""
         with self.lock:
-            try:
-                hw, leo, start, leadership = replica.watch_state()
-                if (hw, leo, leadership) == self.seen:
-                    return
-                pushed = self.pushed
-                base = leo if pushed is None or pushed > leo or pushed < start else pushed
-                data, end = replica.tail(base, TAIL_PUSH_BYTES) if base < leo else (b"", base)
-            except Exception:  # noqa: BLE001 - the replica is stopping: its thread says so
+            self.push_locked(replica)
+
+    def push_locked(self, replica) -> None:
+        """``push`` with this watch's lock held by the caller (which sends what ``send``
+        queued before it lets go of the lock)."""
+        try:
+            hw, leo, start, leadership = replica.watch_state()
+            if (hw, leo, leadership) == self.seen:
                 return
-            self.pushed, self.seen = end, (hw, end, leadership)
-            head = _WATCHED.pack(hw, leo, start, leadership, base, end)
-            self.send([_RESP.pack(5 + len(head) + len(data), self.request_id, OK) + head,
-                       data] if data else
-                      [_RESP.pack(5 + len(head), self.request_id, OK) + head])
-            if end < leo:
-                self.changed.set()
+            pushed = self.pushed
+            base = leo if pushed is None or pushed > leo or pushed < start else pushed
+            data, end = replica.tail(base, TAIL_PUSH_BYTES) if base < leo else (b"", base)
+        except Exception:  # noqa: BLE001 - the replica is stopping: its thread says so
+            return
+        self.pushed, self.seen = end, (hw, end, leadership)
+        head = _WATCHED.pack(hw, leo, start, leadership, base, end)
+        self.send([_RESP.pack(5 + len(head) + len(data), self.request_id, OK) + head,
+                   data] if data else
+                  [_RESP.pack(5 + len(head), self.request_id, OK) + head])
+        if end < leo:
+            self.changed.set()
 
 
 class ReplicaChannel:
