@@ -102,11 +102,11 @@ def test_the_layering_check_sees_relative_imports():
 
 def test_actors_top_level_is_the_shared_core():
     """actors/ holds only the composition root and what both sides share (the wire codec
-    and the Kafka connection both the clients and a follower broker's fetcher use); the
-    rest lives in server/, client/ or tools/."""
+    and the Kafka connection both the clients and a follower broker's fetcher use, the hop
+    trace both sides write); the rest lives in server/, client/ or tools/."""
     top = sorted(p.name for p in (ROOT / "actors").glob("*.py"))
     assert top == ["__init__.py", "_rayenv.py", "cluster.py", "connection.py", "errors.py",
-                   "protocol.py", "raycompat.py", "types.py", "wire.py"]
+                   "hoptrace.py", "protocol.py", "raycompat.py", "types.py", "wire.py"]
 
 
 # -- the whole import graph: no cycles ------------------------------------------------------

@@ -663,12 +663,9 @@ def test_a_channel_without_a_reader_thread_fails_when_an_answer_is_late():
 
 
 def test_the_answers_and_push_of_one_read_leave_the_replica_in_one_send(tmp_path,
-                                                                         monkeypatch,
-                                                                         channel_mode):
+                                                                         monkeypatch):
     """Two produces that arrive in one read are answered, together with the watch's push of
     both appends, by ONE send: the broker is woken once, not three times."""
-    if channel_mode != "own reader thread":
-        pytest.skip("the replica's side only: one run is enough")
     sends = []
     monkeypatch.setattr(replica_channel.hoptrace, "DIR", "counting")
     monkeypatch.setattr(replica_channel.hoptrace, "hop",
