@@ -46,7 +46,7 @@ def _kind(pid: str) -> str:
     return "driver" if pid == str(os.getpid()) else "other"
 
 
-def _events(kinds: dict) -> list:
+def _events() -> list:
     out = []
     for path in glob.glob(os.path.join(TRACE_DIR, "*")):
         with open(path) as f:
@@ -64,10 +64,8 @@ def report(events: list, kinds: dict, show: int) -> None:
         return
     counts: collections.Counter = collections.Counter()
     for _, pid, thread, label in events[sends[0]:]:
-        if label.startswith("R>5:"):
-            label = "R>5:hw-only" if label == "R>5:0" else "R>5:records"
-        elif label.startswith("R>1:"):
-            label = "R>1"
+        if label.startswith("R>"):
+            label = label.split(":")[0]          # the op (replica_channel), not the bytes
         elif label.startswith("POLL"):
             label = "POLL"
         role = "fetcher" if "fetcher" in thread else thread.split("-")[0]
@@ -98,7 +96,7 @@ def main(argv=None) -> int:
         rb.make_topic(cluster, "hops", 6, args.rf)
         r = rb.end_to_end(cluster, "hops", args.seconds, 100, args.rate, "e2e")
         print({k: v for k, v in r.items() if "p50" in k or "p99" in k})
-        events = _events({})
+        events = _events()
         kinds = {pid: _kind(pid) for pid in {e[1] for e in events}}
         report(events, kinds, args.show)
     for path in glob.glob(os.path.join(TRACE_DIR, "*")):

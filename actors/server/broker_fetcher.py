@@ -361,9 +361,7 @@ class BrokerFetcherThread:
                         p.generation, p.fetch_offset, hw, part["log_start_offset"],
                         records if records is not None else b"")))
                 except Exception as exc:  # noqa: BLE001 - no channel: the replica is gone
-                    self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
-                               f"no channel to the local replica ({exc!r})")
-                    self._delay([p])
+                    self._no_channel(p, exc)
         # a new HW alone is told without waiting for the replica (replica_channel HW): one
         # message instead of a round trip, sent after the records, which go first
         for p, hw, start in hws:
@@ -371,9 +369,7 @@ class BrokerFetcherThread:
                 self._channel(p).high_watermark(p.generation, p.fetch_offset, hw, start)
                 p.high_watermark = hw
             except Exception as exc:  # noqa: BLE001 - no channel: the replica is gone
-                self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
-                           f"no channel to the local replica ({exc!r})")
-                self._delay([p])
+                self._no_channel(p, exc)
         for p, channel, f in applies:
             try:
                 position = channel.result(f, APPLY_TIMEOUT_S)
@@ -393,6 +389,11 @@ class BrokerFetcherThread:
                 continue
             if self._moved_to(p, position):
                 p.failures = 0
+
+    def _no_channel(self, p: _Followed, exc: BaseException) -> None:
+        self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "
+                   f"no channel to the local replica ({exc!r})")
+        self._delay([p])
 
     def _moved_to(self, p: _Followed, position: tuple[int, int] | None) -> bool:
         """The replica's (LEO, HW) after a change: where to fetch next; None (it moved on
