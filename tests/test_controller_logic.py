@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.server.channel import (MAX_ATTEMPTS, REQUEST_TIMEOUT_S, ControllerChannel,
-                                   RequestKind, RequestStatus, backoff_s)
+from actors.server.channel import (MAX_ATTEMPTS, PARKED_RETRY_S, REQUEST_TIMEOUT_S,
+                                   ControllerChannel, RequestKind, RequestStatus, backoff_s)
 from actors.errors import (FencedLeaderEpochError, InvalidReplicaAssignmentError,
                            InvalidReplicationFactorError,
                            InvalidUpdateVersionError, NotControllerError,
@@ -476,12 +476,41 @@ def test_failed_requests_are_retried_with_backoff_and_parked_after_the_bound():
         logic.tick()
         clock.now += 0.5
     assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS
+    assert logic.status()["pending"] == {"in_flight": [],
+                                         "failing": [(0, "LEADER_AND_ISR", MAX_ATTEMPTS, True),
+                                                     (0, "UPDATE_METADATA", MAX_ATTEMPTS, True)]}
     transport.failing = set()
     store.register(0)                 # a new incarnation
     logic.tick()
     logic.tick()
     assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS + 1
     assert transport.sent("update_metadata")
+
+
+def test_a_parked_request_is_sent_again_every_parked_retry_s_until_the_live_broker_takes_it():
+    """A live broker whose first requests all failed (a restart on a busy machine) is not
+    left without its partitions: the parked payload goes again every PARKED_RETRY_S, and
+    once the broker answers it is delivered and the metadata follows."""
+    logic, store, transport, clock = make(brokers=(0,))
+    transport.failing = {0}
+    store.add_topic("t", {0: [0]})
+    for _ in range(20):
+        logic.tick()
+        clock.now += 0.5
+    assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS
+    clock.now += PARKED_RETRY_S
+    logic.tick()
+    assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS + 1, "sent again once"
+    logic.tick()
+    assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS + 1, "then parked again"
+    transport.failing = set()
+    clock.now += PARKED_RETRY_S
+    for _ in range(20):
+        logic.tick()
+        clock.now += 0.5
+    assert logic.status()["pending"]["failing"] == []
+    assert logic._delivered.get((0, "t", 0)) is not None
+    assert transport.sent("update_metadata")[-1].args[1]["topics"]["t"][0]["leader"] == 0
 
 
 def test_a_partition_a_broker_refuses_is_sent_again_and_the_rest_is_not():
@@ -572,6 +601,8 @@ def test_the_channel_refuses_a_second_request_in_flight_to_one_broker():
     channel = ControllerChannel(transport, clock=clock)
     channel.reset(3)
     channel.send(0, 11, UM, ({},), payload_key=1)
+    clock.now += 2.5
+    assert channel.describe()["in_flight"] == [(0, "UPDATE_METADATA", 2.5)]
     assert not channel.can_send(0, SR, ("x",))
     with pytest.raises(RuntimeError):
         channel.send(0, 11, SR, ([], True))

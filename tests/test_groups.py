@@ -60,23 +60,46 @@ def restart(cluster, broker_id: int) -> None:
     cluster.start_broker(broker_id)
 
     def in_service():
+        """True, or an AssertionError naming what is not served yet (wait_until reports
+        the last one, so a timeout says which broker lacked what)."""
         for b in cluster.broker_ids():
             try:
                 handle = cluster.broker(b)
-                if ray.get(handle.metadata_summary.remote(), timeout=30)["offline"]:
-                    return False
+                offline = ray.get(handle.metadata_summary.remote(), timeout=30)["offline"]
+                assert not offline, f"broker {b}: offline partitions {offline}"
                 parts = (ray.get(handle.get_metadata.remote(), timeout=30).get("topics")
                          or {}).get(OFFSETS_TOPIC)
-                if not parts or any(p.get("leader", -1) < 0 for p in parts.values()):
-                    return False
+                assert parts, f"broker {b}: no metadata of {OFFSETS_TOPIC}"
+                leaders = {p: part.get("leader", -1) for p, part in parts.items()}
+                assert all(v >= 0 for v in leaders.values()), \
+                    f"broker {b}: {OFFSETS_TOPIC} leaders {leaders}"
                 for p in parts.values():
-                    ray.get_actor(group_coordinator_actor_name(p["leader"]),
-                                  namespace=cluster.namespace)
-            except (ValueError, ray.exceptions.RayError):
-                return False
+                    try:
+                        ray.get_actor(group_coordinator_actor_name(p["leader"]),
+                                      namespace=cluster.namespace)
+                    except ValueError:
+                        raise AssertionError(
+                            f"no GroupCoordinator actor of broker {p['leader']}") from None
+            except ray.exceptions.RayError as exc:
+                raise AssertionError(f"broker {b}: {type(exc).__name__}") from None
         return True
-    wait_until(in_service, timeout_s=180, interval_s=0.2,
-               what=f"the cluster serving groups again after broker {broker_id} restarted")
+    try:
+        wait_until(in_service, timeout_s=180, interval_s=0.2,
+                   what=f"the cluster serving groups again after broker {broker_id} restarted")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; controllers: {controller_states(cluster)}") from None
+
+
+def controller_states(cluster) -> dict:
+    """Each broker's controller status (role, ticks, last error, requests in flight), for
+    a failure's message."""
+    out = {}
+    for b in cluster.broker_ids():
+        try:
+            out[b] = ray.get(cluster.broker(b).controller_status.remote(), timeout=10)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: say what failed instead
+            out[b] = repr(exc)
+    return out
 
 
 def member(cluster, group="g", **kw) -> GroupMember:

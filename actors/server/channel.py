@@ -17,11 +17,14 @@ Rules (the invariants the controller relies on):
   incarnation (registration czxid) that is live now; anything else is STALE and changes
   nothing (a late answer to an abandoned, timed-out request; an answer from a broker that
   has since restarted).
-- Retries are bounded: a failed or timed-out request waits ``backoff_s(attempt)`` before
-  its broker gets another request of that kind, and after ``MAX_ATTEMPTS`` failures of the
-  same payload the channel parks it (``can_send`` is False) until the payload changes or the
-  broker registers again. Nothing here retries by itself: the controller's next tick
-  decides again what each broker still lacks.
+- Retries back off, and never stop for a live broker: a failed or timed-out request waits
+  ``backoff_s(attempt)`` before its broker gets another request of that kind; after
+  ``MAX_ATTEMPTS`` failures of the same payload the channel parks it, which sends it again
+  only every ``PARKED_RETRY_S`` until it is delivered, the payload changes or the broker
+  registers again (Kafka's controller retries a live broker until it answers: a broker
+  that failed its first requests while starting on a busy machine must not go without its
+  partitions and metadata for the rest of its life). Nothing here retries by itself: the
+  controller's next tick decides again what each broker still lacks.
 
 Not thread-safe: the controller's loop thread is its only user. The transport's
 ``on_answer`` callback (which only sets the loop's wake event) may run on any thread.
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 BACKOFF_BASE_S = 0.2
 BACKOFF_MAX_S = 5.0
+PARKED_RETRY_S = 30.0
 
 
 class RequestKind(str, enum.Enum):
@@ -117,6 +121,7 @@ class _Failures:
     payload_key: Any
     attempts: int
     retry_at: float
+    parked_retry_at: float = 0.0
 
 
 @dataclass
@@ -158,6 +163,18 @@ class ControllerChannel:
         self._failures.clear()
         self._broker_epochs.clear()
 
+    def describe(self) -> dict:
+        """What is pending, for status displays and failure messages: each in-flight
+        request (broker, kind, age in seconds) and each failing (broker, kind) with its
+        attempts and whether its payload is parked."""
+        now = self.clock()
+        return {"in_flight": [(r.broker_id, r.kind.name, round(now - r.sent_at, 1))
+                              for r in sorted(self._in_flight.values(),
+                                              key=lambda r: r.broker_id)],
+                "failing": [(b, kind.name, f.attempts, f.attempts >= self.max_attempts)
+                            for (b, kind), f in sorted(self._failures.items(),
+                                                       key=lambda kv: (kv[0][0], kv[0][1].name))]}
+
     # -- sending ----------------------------------------------------------------------------
     def busy(self, broker_id: int) -> bool:
         return broker_id in self._in_flight
@@ -166,14 +183,15 @@ class ControllerChannel:
         return [r for r in self._in_flight.values() if kind is None or r.kind == kind]
 
     def can_send(self, broker_id: int, kind: RequestKind, payload_key: Any = None) -> bool:
-        """Idle, not backing off after a failure of this kind, and this payload not parked."""
+        """Idle, and not backing off after a failure of this kind (a parked payload's
+        backoff is ``PARKED_RETRY_S``; another payload's is the last failure's)."""
         if broker_id in self._in_flight:
             return False
         fail = self._failures.get((broker_id, kind))
         if fail is None:
             return True
         if self.parked(broker_id, kind, payload_key):
-            return False
+            return self.clock() >= fail.parked_retry_at
         return self.clock() >= fail.retry_at
 
     def failures(self, broker_id: int, kind: RequestKind) -> int:
@@ -182,7 +200,8 @@ class ControllerChannel:
         return fail.attempts if fail is not None else 0
 
     def parked(self, broker_id: int, kind: RequestKind, payload_key: Any = None) -> bool:
-        """This payload failed MAX_ATTEMPTS times to this broker incarnation: not retried."""
+        """This payload failed MAX_ATTEMPTS times to this broker incarnation: retried only
+        every PARKED_RETRY_S (and not waited for by requests that depend on it)."""
         fail = self._failures.get((broker_id, kind))
         return (fail is not None and fail.payload_key == payload_key
                 and fail.attempts >= self.max_attempts)
@@ -269,12 +288,14 @@ class ControllerChannel:
         prev = self._failures.get(key)
         attempts = (prev.attempts if prev is not None and prev.payload_key == req.payload_key
                     else 0) + 1
-        self._failures[key] = _Failures(req.payload_key, attempts, now + backoff_s(attempts))
+        self._failures[key] = _Failures(req.payload_key, attempts, now + backoff_s(attempts),
+                                        now + PARKED_RETRY_S)
         if attempts >= self.max_attempts:
             self.stats.parked += 1
-            log.warning("%s to broker %d failed %d times (last: %r): parked until its payload "
-                        "changes or the broker registers again", req.kind.value, req.broker_id,
-                        attempts, req.result)
+            log.warning("%s to broker %d failed %d times (last: %r): parked, sent again every "
+                        "%.0f s until delivered, its payload changes or the broker registers "
+                        "again", req.kind.value, req.broker_id, attempts, req.result,
+                        PARKED_RETRY_S)
         else:
             log.info("%s to broker %d %s (attempt %d): %r", req.kind.value, req.broker_id,
                      req.status.value, attempts, req.result)

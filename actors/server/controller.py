@@ -827,6 +827,7 @@ class ControllerLogic:
 
     def status(self) -> dict:
         return {"in_flight": len(self.channel.in_flight()), **self.channel.stats.as_dict(),
+                "pending": self.channel.describe(),
                 "watched_brokers": sorted(self._watches),
                 "dead_brokers": {b: f"{c:x}" for b, c in sorted(self._dead.items())},
                 "queued_isr_changes": self._requests.qsize()}
