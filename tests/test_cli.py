@@ -52,11 +52,19 @@ def assert_one_line_error(proc, code: int, *needles: str):
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    """A cluster started with ``raykafka start``; stopped (and checked gone) at the end."""
+def daemon_port():
+    """The --port the module's daemon starts with (and starts again with after a stop)."""
+    return _free_port_run(2)
+
+
+@pytest.fixture(scope="module")
+def daemon(daemon_port):
+    """A cluster started with ``raykafka start --port P``; stopped (and checked gone) at
+    the end."""
     state_dir = tempfile.mkdtemp(prefix="rk-cli-")
     ns = unique_namespace("cli")
-    started = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "2", timeout=240)
+    started = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "2",
+                      "--port", str(daemon_port), timeout=240)
     assert started.returncode == 0, started.stderr.decode()[-3000:]
     try:
         yield state_dir, ns
@@ -351,9 +359,10 @@ def test_cluster_connect_from_another_driver_finds_the_cluster(daemon):
     assert "'cli-connect'" in out.stdout.decode() and "[0, 1]" in out.stdout.decode()
 
 
-def test_stop_then_start_keeps_topics_and_records(daemon):
+def test_stop_then_start_keeps_topics_and_records(daemon, daemon_port):
     """`stop` ends the daemon, its ZooKeeper and its Ray; a new `start` on the same data dir
-    serves the same topics and records; `status` without a cluster is a clear error."""
+    (and the same --port) serves the same topics and records; `status` without a cluster is
+    a clear error."""
     state_dir, ns = daemon
     assert cli(daemon, "topics", "create", "cli-durable", "--partitions", "1",
                "--replication-factor", "1").returncode == 0
@@ -367,7 +376,7 @@ def test_stop_then_start_keeps_topics_and_records(daemon):
     for pid in [state["pid"], *state["ray_pids"]]:
         wait_until(lambda: not _alive(pid), timeout_s=30, what=f"pid {pid} gone")
     assert_one_line_error(cli(daemon, "status"), 1, "ClusterNotFoundError")
-    out = cli(daemon, "start", "--brokers", "2", timeout=240)
+    out = cli(daemon, "start", "--brokers", "2", "--port", str(daemon_port), timeout=240)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     out = cli(daemon, "consume", "cli-durable", "--from-beginning", "--max-messages", "100")
     assert out.returncode == 0, out.stderr.decode()
@@ -397,18 +406,14 @@ def _free_port_run(n: int) -> int:
     raise AssertionError("no run of free ports")
 
 
-def test_start_with_a_port_puts_broker_i_on_port_plus_i(daemon):
-    """`start --port P` (after a stop): broker i's Kafka listener is 127.0.0.1:P+i, and
-    `status --bootstrap` prints exactly those; a range past 65535 is a usage error."""
-    assert cli(daemon, "stop").returncode == 0
+def test_start_with_a_port_puts_broker_i_on_port_plus_i(daemon, daemon_port):
+    """`start --port P` (the module's daemon): broker i's Kafka listener is 127.0.0.1:P+i,
+    and `status --bootstrap` prints exactly those; a range past 65535 is a usage error."""
     assert_one_line_error(cli(daemon, "start", "--brokers", "2", "--port", "65535"), 2,
                           "65536")
-    port = _free_port_run(2)
-    out = cli(daemon, "start", "--brokers", "2", "--port", str(port), timeout=240)
-    assert out.returncode == 0, out.stderr.decode()[-3000:]
     out = cli(daemon, "status", "--bootstrap")
     assert out.returncode == 0, out.stderr.decode()
-    assert out.stdout.decode().strip() == f"127.0.0.1:{port},127.0.0.1:{port + 1}"
+    assert out.stdout.decode().strip() == f"127.0.0.1:{daemon_port},127.0.0.1:{daemon_port + 1}"
 
 
 def _alive(pid: int) -> bool:
@@ -458,8 +463,11 @@ def test_version_prints_the_project_version(tmp_path):
 
 def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
     """`raykafka demo --simple` starts the embedded default, produces and reads back every
-    record, prints its summary and exits 0; a second run on the same --data-dir replaces the
-    topic the first one left instead of failing."""
+    record, prints its summary (and only its own output: no Ray start-up lines, no
+    token-authentication notice, no raylet worker-count warnings, nothing on stderr) and
+    exits 0; a second run on the same --data-dir replaces the topic the first one left
+    instead of failing."""
+    from output_helpers import internal_lines
     for run in range(2):
         out = run_cli(str(tmp_path / "state"), "demo", "--simple", "--records", "20000",
                       "--data-dir", str(tmp_path / "demo"), timeout=300)
@@ -468,6 +476,9 @@ def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
         assert "records consumed   20,000" in text
         assert "every record read back once" in text
         assert ("deleting the 'demo-events'" in text) == (run == 1)
+        err = out.stderr.decode()
+        assert internal_lines(text + "\n" + err) == {}
+        assert not err.strip(), err[-3000:]
 
 
 def test_demo_runs_the_mixed_pipeline_and_counts_every_order_once(tmp_path):
@@ -492,29 +503,26 @@ def test_demo_runs_the_mixed_pipeline_and_counts_every_order_once(tmp_path):
     assert sum(table.column("orders").to_pylist()) == 3000
 
 
-def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(tmp_path):
-    """After the daemon is SIGKILLed (no `stop`), the next command reports no cluster in one
-    line and ends the ZooKeeper and Ray processes the dead daemon recorded; `start` then
-    works again on the same data dir."""
+def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(daemon, daemon_port):
+    """After the daemon (the module's) is SIGKILLed (no `stop`), the next command reports no
+    cluster in one line and ends the ZooKeeper and Ray processes the dead daemon recorded;
+    `start` then works again on the same data dir."""
     import signal
 
     from coordination.zk_server import EmbeddedZooKeeper
-    state_dir, ns = str(tmp_path / "state"), unique_namespace("killed")
-    out = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "1", timeout=240)
-    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    state_dir, ns = daemon
     with open(os.path.join(state_dir, f"{ns}.json")) as f:
         state = json.load(f)
     zk = EmbeddedZooKeeper.attach(state["zk_data_dir"])
     assert zk is not None and state["ray_pids"]
     os.kill(state["pid"], signal.SIGKILL)
     wait_until(lambda: not _alive(state["pid"]), timeout_s=30, what="daemon gone")
-    assert_one_line_error(run_cli(state_dir, "status", "--namespace", ns, timeout=120), 1,
-                          "no raykafka cluster runs")
+    assert_one_line_error(cli(daemon, "status", timeout=120), 1, "no raykafka cluster runs")
     for pid in [zk.pid, *state["ray_pids"]]:
         wait_until(lambda: not _alive(pid), timeout_s=30, what=f"leftover pid {pid} ended")
-    out = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "1", timeout=240)
+    out = cli(daemon, "start", "--brokers", "2", "--port", str(daemon_port), timeout=240)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
-    assert run_cli(state_dir, "stop", "--namespace", ns, timeout=120).returncode == 0
+    assert cli(daemon, "status").returncode == 0
 
 
 def test_start_on_a_running_ray_attaches_and_stop_leaves_that_ray_running(tmp_path):

@@ -1,7 +1,8 @@
 """What raykafka's commands print, run as a user runs them (a subprocess per command): their
 own output, none of the internal logs of Ray, Ray Data or Spark (tests/output_helpers.py),
-unless --verbose asks for them. The main demo's output is checked in
-tests/test_cli.py::test_demo_runs_the_mixed_pipeline_and_counts_every_order_once."""
+unless --verbose asks for them. The demos' output is checked where they run: in
+tests/test_cli.py::test_demo_runs_the_mixed_pipeline_and_counts_every_order_once and
+tests/test_cli.py::test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir."""
 
 from __future__ import annotations
 
@@ -11,19 +12,6 @@ from test_cli import run_cli
 
 def _blank(text: str) -> bool:
     return not text.strip()
-
-
-def test_simple_demo_prints_only_its_own_output(tmp_path):
-    """`raykafka demo --simple` prints its phases, progress and summary on stdout and nothing
-    on stderr: no Ray start-up lines, no token-authentication notice, no raylet worker-count
-    warnings."""
-    out = run_cli(str(tmp_path / "state"), "demo", "--simple", "--records", "20000",
-                  timeout=300)
-    stdout, stderr = out.stdout.decode(), out.stderr.decode()
-    assert out.returncode == 0, (stdout[-2000:], stderr[-2000:])
-    assert "every record read back once" in stdout
-    assert internal_lines(stdout + "\n" + stderr) == {}
-    assert _blank(stderr), stderr[-3000:]
 
 
 def test_verbose_brings_back_rays_own_lines(tmp_path):
