@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -414,6 +415,30 @@ def test_start_with_a_port_puts_broker_i_on_port_plus_i(daemon, daemon_port):
     out = cli(daemon, "status", "--bootstrap")
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == f"127.0.0.1:{daemon_port},127.0.0.1:{daemon_port + 1}"
+
+
+def test_stop_returns_only_once_the_listener_ports_are_closed():
+    """After a stop, `start --port P` must find P free: the stop waits (bounded) until
+    nothing accepts connections on the cluster's listener addresses, which a broker's worker
+    process can hold a moment after its Ray head is gone."""
+    import threading
+
+    from actors.tools.daemon import _wait_listeners_closed
+    lingering = socket.socket()
+    lingering.bind(("127.0.0.1", 0))
+    lingering.listen()
+    port = lingering.getsockname()[1]
+    threading.Timer(0.5, lingering.close).start()
+    started = time.monotonic()
+    assert _wait_listeners_closed(f"127.0.0.1:{port},127.0.0.1:{_free_port_run(1)}", 10.0)
+    assert 0.4 < time.monotonic() - started < 5
+    still = socket.socket()
+    still.bind(("127.0.0.1", 0))
+    still.listen()
+    try:
+        assert not _wait_listeners_closed(f"127.0.0.1:{still.getsockname()[1]}", 0.5)
+    finally:
+        still.close()
 
 
 def _alive(pid: int) -> bool:

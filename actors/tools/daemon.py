@@ -252,7 +252,31 @@ def _end_leftovers(state: dict) -> list[str]:
                 os.kill(rpid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    _wait_listeners_closed(state.get("bootstrap_servers") or "")
     return leftovers
+
+
+def _wait_listeners_closed(bootstrap_servers: str, timeout_s: float = 15.0) -> bool:
+    """Until nothing accepts connections on the stopped cluster's listener addresses (at
+    most ``timeout_s``): a broker's worker process outlives the Ray head it belonged to by
+    a moment, and a ``start --port P`` right after the stop must find P free. True when
+    all are closed."""
+    import socket
+    addresses = []
+    for entry in bootstrap_servers.split(","):
+        host, _, port = entry.strip().rpartition(":")
+        if host and port.isdigit():
+            addresses.append((host.split("://")[-1].strip("[]"), int(port)))
+    deadline = time.monotonic() + timeout_s
+    while addresses and time.monotonic() < deadline:
+        try:
+            with socket.create_connection(addresses[0], timeout=1.0):
+                pass
+        except OSError:
+            addresses.pop(0)           # refused (or unreachable): no listener there now
+            continue
+        time.sleep(0.1)
+    return not addresses
 
 
 def _cmdline_has(pid: int, needle: bytes) -> bool:
