@@ -253,6 +253,13 @@ def make(*, brokers=(0, 1, 2), unclean=False, epoch=1):
     return logic, store, transport, clock
 
 
+def tick_for(logic, clock, ticks: int, step_s: float = 0.5) -> None:
+    """``ticks`` controller ticks, the clock moving ``step_s`` after each."""
+    for _ in range(ticks):
+        logic.tick()
+        clock.now += step_s
+
+
 def lai_entries(call):
     """(topic, partition, leader, leader_epoch) of a LeaderAndIsr call."""
     return [(e["topic"], e["partition"], e["leader"], e["leader_epoch"]) for e in call.args[1]]
@@ -472,9 +479,7 @@ def test_failed_requests_are_retried_with_backoff_and_parked_after_the_bound():
     logic, store, transport, clock = make(brokers=(0,))
     transport.failing = {0}
     store.add_topic("t", {0: [0]})
-    for _ in range(60):
-        logic.tick()
-        clock.now += 0.5
+    tick_for(logic, clock, 60)
     assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS
     assert logic.status()["pending"] == {"in_flight": [],
                                          "failing": [(0, "LEADER_AND_ISR", MAX_ATTEMPTS, True),
@@ -494,9 +499,7 @@ def test_a_parked_request_is_sent_again_every_parked_retry_s_until_the_live_brok
     logic, store, transport, clock = make(brokers=(0,))
     transport.failing = {0}
     store.add_topic("t", {0: [0]})
-    for _ in range(20):
-        logic.tick()
-        clock.now += 0.5
+    tick_for(logic, clock, 20)
     assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS
     clock.now += PARKED_RETRY_S
     logic.tick()
@@ -505,9 +508,7 @@ def test_a_parked_request_is_sent_again_every_parked_retry_s_until_the_live_brok
     assert len(transport.sent("leader_and_isr")) == MAX_ATTEMPTS + 1, "then parked again"
     transport.failing = set()
     clock.now += PARKED_RETRY_S
-    for _ in range(20):
-        logic.tick()
-        clock.now += 0.5
+    tick_for(logic, clock, 20)
     assert logic.status()["pending"]["failing"] == []
     assert logic._delivered.get((0, "t", 0)) is not None
     assert transport.sent("update_metadata")[-1].args[1]["topics"]["t"][0]["leader"] == 0

@@ -120,8 +120,10 @@ class InFlightRequest:
 class _Failures:
     payload_key: Any
     attempts: int
-    retry_at: float
-    parked_retry_at: float = 0.0
+    failed_at: float             # when the last attempt was settled as failed
+
+    def retry_at(self, parked: bool) -> float:
+        return self.failed_at + (PARKED_RETRY_S if parked else backoff_s(self.attempts))
 
 
 @dataclass
@@ -190,9 +192,7 @@ class ControllerChannel:
         fail = self._failures.get((broker_id, kind))
         if fail is None:
             return True
-        if self.parked(broker_id, kind, payload_key):
-            return self.clock() >= fail.parked_retry_at
-        return self.clock() >= fail.retry_at
+        return self.clock() >= fail.retry_at(self.parked(broker_id, kind, payload_key))
 
     def failures(self, broker_id: int, kind: RequestKind) -> int:
         """How many requests of ``kind`` to this broker failed in a row (0 when healthy)."""
@@ -288,8 +288,7 @@ class ControllerChannel:
         prev = self._failures.get(key)
         attempts = (prev.attempts if prev is not None and prev.payload_key == req.payload_key
                     else 0) + 1
-        self._failures[key] = _Failures(req.payload_key, attempts, now + backoff_s(attempts),
-                                        now + PARKED_RETRY_S)
+        self._failures[key] = _Failures(req.payload_key, attempts, now)
         if attempts >= self.max_attempts:
             self.stats.parked += 1
             log.warning("%s to broker %d failed %d times (last: %r): parked, sent again every "
