@@ -108,19 +108,34 @@ def member(cluster, group="g", **kw) -> GroupMember:
 
 
 def join_all(members, topics=("ev",)):
-    """Every member joins at once (threads), as members of one generation must."""
+    """Every member joins at once (threads), as members of one generation must. A member
+    whose join is done heartbeats (and rejoins when told to) until every member's is, as a
+    consumer's heartbeat thread would: on a loaded machine one join can take longer than
+    the 3 s session, and a member left silent meanwhile would be expired and start the
+    next rebalance (the settle loop could then go round for a minute)."""
     out, errors = {}, []
+    joined = threading.Semaphore(0)
+    everyone = threading.Event()
 
     def run(m):
         try:
             out[m] = m.join(topics)
+            joined.release()
+            while not everyone.wait(0.5):
+                if not m.heartbeat():
+                    out[m] = m.join(topics)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
+            joined.release()
     threads = [threading.Thread(target=run, args=(m,)) for m in members]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 120
+    for _ in threads:
+        joined.acquire(timeout=max(deadline - time.monotonic(), 0))
+    everyone.set()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=max(deadline - time.monotonic(), 0) + 30)
     assert not errors, errors
     return out
 
