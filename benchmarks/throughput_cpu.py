@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Where a throughput run's CPU goes: ``perf.produce`` (acks=all, 100-byte records, as
+replication_bench's throughput phases) to a 6-partition topic of each replication factor
+asked, with the user and system CPU every process of the machine used meanwhile, summed
+by kind (this client, brokers, leader and follower replicas, Ray's own processes).
+
+A run is CPU-bound when the total is near 2 x its wall time on this 2-core machine; then
+RF=3 / RF=1 throughput is the ratio of CPU per record (docs/dataplane.md, "what bounds
+RF=3 / RF=1 on one machine"). ``--idle`` measures the cluster with the topic and no load.
+Replica roles come from the partition states; processes of other sessions count in "other".
+The last line is one JSON object.
+
+    python benchmarks/throughput_cpu.py [--rf 1,3] [--records 2000000] [--idle]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
+from benchmarks.common import bench_cluster, drop_topic, say  # noqa: E402
+from benchmarks.replication_bench import make_topic, throughput  # noqa: E402
+
+RECORD_SIZE = 100
+WARMUP = 200_000
+
+
+def _kind(cmdline: str) -> str:
+    if "PartitionReplica" in cmdline:
+        return "replica"
+    if "ray::Broker" in cmdline:
+        return "broker"
+    if "ray::" in cmdline or "raylet" in cmdline or "gcs_server" in cmdline \
+            or "/ray/" in cmdline:
+        return "ray"
+    return "other"
+
+
+def _times() -> dict:
+    import psutil
+    out = {}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        kind = "client" if p.info["pid"] == os.getpid() else \
+            _kind(" ".join(p.info["cmdline"] or []))
+        out[p.info["pid"]] = (kind, t.user, t.system)
+    return out
+
+
+def _replica_roles(cluster, topic: str) -> dict:
+    """pid -> "leader" / "follower" for the topic's replica actors."""
+    import ray
+
+    from actors.protocol import replica_actor_name
+    roles = {}
+    for part in cluster.admin().describe_topic(topic):
+        for r in part["replicas"]:
+            handle = ray.get_actor(replica_actor_name(topic, part["partition"], r),
+                                   namespace=cluster.namespace)
+            pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+            roles[pid] = "leader" if r == part["leader"] else "follower"
+    return roles
+
+
+def measure(cluster, topic: str, records: int) -> dict:
+    roles = _replica_roles(cluster, topic)
+    if records:
+        throughput(cluster, topic, WARMUP, 0, RECORD_SIZE)
+    before, t0 = _times(), time.perf_counter()
+    result = throughput(cluster, topic, records, 0, RECORD_SIZE) if records \
+        else (time.sleep(3.0) or {})
+    wall, after = time.perf_counter() - t0, _times()
+    cpu = collections.defaultdict(lambda: [0.0, 0.0])
+    for pid, (kind, user, system) in after.items():
+        _, user0, system0 = before.get(pid, (kind, 0.0, 0.0))
+        if kind == "replica":
+            kind = f"{roles.get(pid, 'other')} replicas"
+        cpu[kind][0] += user - user0
+        cpu[kind][1] += system - system0
+    total = sum(u + s for u, s in cpu.values())
+    return {"records_per_s": result.get("records_per_s"), "wall_s": round(wall, 3),
+            "cpu_s": {k: {"user": round(u, 3), "system": round(s, 3)}
+                      for k, (u, s) in sorted(cpu.items())},
+            "cpu_total_s": round(total, 3), "cores_busy": round(total / wall, 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rf", default="1,3", help="replication factors, in this order")
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--idle", action="store_true", help="no load: 3 s of the idle cluster")
+    a = ap.parse_args()
+    out = {}
+    with bench_cluster("throughput-cpu", 3) as (cluster, _work):
+        for rf in (int(x) for x in a.rf.split(",")):
+            name = f"rf{rf}"
+            make_topic(cluster, name, 6, rf)
+            r = out[name] = measure(cluster, name, 0 if a.idle else a.records)
+            say(f"{name}: {r['records_per_s']} records/s in {r['wall_s']} s, "
+                f"{r['cpu_total_s']} s of CPU ({r['cores_busy']} cores)")
+            for kind, c in r["cpu_s"].items():
+                say(f"    {kind:20s} user {c['user']:6.2f}  system {c['system']:6.2f}")
+            drop_topic(cluster, name, 6 * rf)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
