@@ -89,7 +89,7 @@ def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
                                     batch_size=4 << 20)
         futures = []
         bar = tqdm(total=records, desc="produce", unit="rec", unit_scale=True,
-                   disable=quiet, file=sys.stdout, leave=False)
+                   disable=True if quiet else None, file=sys.stdout, leave=False)
         built_s = 0.0
         for start in range(0, records, CHUNK_RECORDS):
             n = min(CHUNK_RECORDS, records - start)
@@ -115,7 +115,7 @@ def run(*, records: int = 200_000, partitions: int = 6, brokers: int = 3,
         t = time.perf_counter()
         consumer = cluster.simple_consumer()
         bar = tqdm(total=records, desc="consume", unit="rec", unit_scale=True,
-                   disable=quiet, file=sys.stdout, leave=False)
+                   disable=True if quiet else None, file=sys.stdout, leave=False)
         per_partition: dict[int, list] = {p: [] for p in range(partitions)}
         read = 0
         for p, table in consumer.iter_columns(TOPIC, max_bytes=4 << 20):

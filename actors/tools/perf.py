@@ -64,10 +64,12 @@ def _request_bytes(cluster, topic: str, wanted: int | None) -> int:
 
 
 def _bar(total: int, desc: str, unit: str = "rec"):
+    """A progress bar on stderr, shown only on a terminal (``disable=None``: a redirected
+    run's output carries no bar redraws) and never with RAYKAFKA_NO_PROGRESS=1."""
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr,
-                disable=os.environ.get("RAYKAFKA_NO_PROGRESS") == "1", mininterval=0.25,
-                leave=False)
+                disable=True if os.environ.get("RAYKAFKA_NO_PROGRESS") == "1" else None,
+                mininterval=0.25, leave=False)
 
 
 def _percentiles(latencies_s: list) -> tuple[float | None, float | None]:

@@ -63,7 +63,8 @@ def run(*, data_dir: str | None = None, records: int = 300_000, quiet: bool = Fa
         [sys.executable, "-m", "actors.tools.storage_demo", "--child", path, str(records)],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     acked = -1
-    bar = tqdm(total=records, unit="rec", desc="write (child)", disable=quiet)
+    bar = tqdm(total=records, unit="rec", desc="write (child)",
+               disable=True if quiet else None)
     assert child.stdout is not None
     for line in child.stdout:
         acked = int(line)
@@ -86,7 +87,8 @@ def run(*, data_dir: str | None = None, records: int = 300_000, quiet: bool = Fa
     t2 = time.perf_counter()
     offset = log.log_start_offset
     checked = 0
-    bar = tqdm(total=log.log_end_offset, unit="rec", desc="read back", disable=quiet)
+    bar = tqdm(total=log.log_end_offset, unit="rec", desc="read back",
+               disable=True if quiet else None)
     while offset < log.log_end_offset:
         data = log.read(offset, 4 << 20)
         for rec in decode_records(data):

@@ -312,7 +312,7 @@ def _produce(cluster, records: int, tasks: int, phases: dict, say, quiet: bool) 
     refs = [task.remote(cluster.namespace, lo, min(lo + share, records))
             for lo in range(0, records, share)]
     bar = tqdm(total=records, desc="produce (Ray tasks)", unit="rec", unit_scale=True,
-               disable=quiet, file=sys.stdout, leave=False)
+               disable=True if quiet else None, file=sys.stdout, leave=False)
     pending, ready = list(refs), []
     while pending:
         done, pending = ray.wait(pending, timeout=600)
@@ -345,7 +345,8 @@ def _enrich(cluster, records: int, members: int, phases: dict, say, quiet: bool)
                                    auto_offset_reset="earliest", max_poll_records=2_000)
     try:
         bar = tqdm(total=records, desc="enrich (group actors)", unit="rec",
-                   unit_scale=True, disable=quiet, file=sys.stdout, leave=False)
+                   unit_scale=True, disable=True if quiet else None, file=sys.stdout,
+                   leave=False)
         done, first_at = 0, None
         deadline = time.monotonic() + 600
         while done < records:
