@@ -239,6 +239,21 @@ def test_every_error_line_names_its_command_in_argparse_form(daemon):
         assert proc.stderr.decode().startswith(start), proc.stderr.decode()
 
 
+def test_namespace_and_verbose_are_accepted_before_a_command_groups_action(daemon):
+    """`raykafka topics --namespace NS list` (options before the ACTION, as kafka-topics
+    takes them in any order) reaches NS's cluster; two different namespaces, before and
+    after the ACTION, are a one-line usage error (exit 2)."""
+    state_dir, ns = daemon
+    out = run_cli(state_dir, "topics", "--namespace", ns, "create", "cli-outer",
+                  "--partitions", "1", "--replication-factor", "1")
+    assert out.returncode == 0, out.stderr.decode()
+    listed = run_cli(state_dir, "topics", "--namespace", ns, "list")
+    assert listed.returncode == 0, listed.stderr.decode()
+    assert "cli-outer" in listed.stdout.decode().split()
+    assert_one_line_error(run_cli(state_dir, "groups", "--namespace", ns, "list",
+                                  "--namespace", "some-other"), 2, "--namespace given twice")
+
+
 def test_produce_with_an_empty_key_separator_is_a_usage_error(daemon):
     """`produce --key-separator ''` exits 2 with one line naming the option (it was a
     ValueError from bytes.partition)."""

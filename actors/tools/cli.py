@@ -906,6 +906,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"which cluster (default {DEFAULT_NAMESPACE!r})")
     common.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
+    # the same options before a command group's ACTION (``raykafka topics --namespace ns
+    # create ...``, as kafka-topics takes its options in any order), under their own names:
+    # an ACTION's parser would otherwise overwrite them with its defaults (main merges them)
+    outer = _Parser(add_help=False)
+    outer.add_argument("--namespace", dest="outer_namespace", default=None, type=_namespace,
+                       help=f"which cluster (default {DEFAULT_NAMESPACE!r}; also accepted "
+                            f"after ACTION)")
+    outer.add_argument("--verbose", dest="outer_verbose", action="store_true",
+                       help=VERBOSE_HELP)
+
     p = _Parser(prog="raykafka", description="A Kafka-design commit log on Ray.")
     p.add_argument("-V", "--version", action="version", version=f"raykafka {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -947,7 +957,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bootstrap", action="store_true",
                    help="print only the brokers' Kafka listeners (bootstrap.servers)")
 
-    topics = sub.add_parser("topics", help="create, list, describe, delete, alter topics")
+    topics = sub.add_parser("topics", help="create, list, describe, delete, alter topics",
+                            parents=[outer])
     tsub = topics.add_subparsers(dest="topics_command", metavar="ACTION", parser_class=_Parser)
     tsub.required = True
     t = cmd(tsub, "create", cmd_topics_create, "create a topic")
@@ -985,7 +996,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--print-key", action="store_true")
     s.add_argument("--key-separator", default=None, help="between key and value (default tab)")
 
-    groups = sub.add_parser("groups", help="consumer groups: list, describe (lag)")
+    groups = sub.add_parser("groups", help="consumer groups: list, describe (lag)",
+                            parents=[outer])
     gsub = groups.add_subparsers(dest="groups_command", metavar="ACTION", parser_class=_Parser)
     gsub.required = True
     cmd(gsub, "list", cmd_groups, "list groups")
@@ -993,7 +1005,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("group")
 
     acls = sub.add_parser("acls", help="ACLs of a cluster with an authorizer: add, list, "
-                          "remove")
+                          "remove", parents=[outer])
     asub = acls.add_subparsers(dest="acls_command", metavar="ACTION", parser_class=_Parser)
     asub.required = True
     for action, help_ in (("add", "allow (or --deny) a principal an operation on a resource"),
@@ -1015,7 +1027,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--principal", default=None)
     a.add_argument("--topic", default=None)
     users = sub.add_parser("users", help="SCRAM users: add (or change a password), list, "
-                                         "delete")
+                                         "delete", parents=[outer])
     usub = users.add_subparsers(dest="users_command", metavar="ACTION", parser_class=_Parser)
     usub.required = True
     u = cmd(usub, "add", cmd_users, "add a user or change its password (read from stdin, "
@@ -1182,8 +1194,25 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def _merge_outer_options(args) -> None:
+    """``--namespace`` / ``--verbose`` given before a command group's ACTION count as if
+    given after it; given in both places, the namespaces must agree."""
+    outer = getattr(args, "outer_namespace", None)
+    if outer is not None:
+        if args.namespace not in (DEFAULT_NAMESPACE, outer):
+            raise UsageError(f"--namespace given twice: {outer!r} and {args.namespace!r}")
+        args.namespace = outer
+    if getattr(args, "outer_verbose", False):
+        args.verbose = True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        _merge_outer_options(args)
+    except UsageError as exc:
+        _error(args.prog, str(exc))
+        return EXIT_USAGE
     if getattr(args, "verbose", False):
         # read where Ray and Spark are started, here and in the processes started from here
         from .._rayenv import VERBOSE_ENV
