@@ -224,9 +224,11 @@ def socket_rtt_ms(n: int = 2000) -> dict:
 
 
 def end_to_end(cluster, topic: str, seconds: float, size: int, rate: int = E2E_RATE,
-               prefix: str = "e2e") -> dict:
+               prefix: str = "e2e", before_end=None) -> dict:
     """Paced at ``rate`` records/s (rate/1000 records every millisecond), RF=3 acks=all,
-    a long-polling Consumer in another process stamps the arrivals (module docstring)."""
+    a long-polling Consumer in another process stamps the arrivals (module docstring).
+    ``before_end()`` runs once the records are in, before the consumer's actor ends
+    (throughput_cpu.py reads every process's CPU there)."""
     import ray
 
     from actors import raycompat
@@ -279,6 +281,8 @@ def end_to_end(cluster, topic: str, seconds: float, size: int, rate: int = E2E_R
     finally:
         producer.close(timeout=30)
     got = ray.get(result_ref, timeout=seconds + 120)
+    if before_end is not None:
+        before_end()
     ray.kill(reader, no_restart=True)
     lat = got["latencies_ms"]
     out = {"records": n, "received": len(lat),

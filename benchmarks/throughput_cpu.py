@@ -6,11 +6,15 @@ by kind (this client, brokers, leader and follower replicas, Ray's own processes
 
 A run is CPU-bound when the total is near 2 x its wall time on this 2-core machine; then
 RF=3 / RF=1 throughput is the ratio of CPU per record (docs/dataplane.md, "what bounds
-RF=3 / RF=1 on one machine"). ``--idle`` measures the cluster with the topic and no load.
+RF=3 / RF=1 on one machine"). ``--idle`` measures the cluster with the topic and no load;
+``--paced R`` a paced end-to-end run instead (replication_bench's e2e: linger 0, acks=all,
+R records/s for ``--seconds``, a long-polling consumer actor), with the CPU per record of
+each kind, which says whether the run is queueing for the 2 cores.
 Replica roles come from the partition states; processes of other sessions count in "other".
 The last line is one JSON object.
 
     python benchmarks/throughput_cpu.py [--rf 1,3] [--records 2000000] [--idle]
+    python benchmarks/throughput_cpu.py --rf 3 --paced 1000,10000 [--seconds 6]
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 import actors  # noqa: E402,F401  (sets Ray's environment before Ray is imported)
 from benchmarks.common import bench_cluster, drop_topic, say  # noqa: E402
-from benchmarks.replication_bench import make_topic, throughput  # noqa: E402
+from benchmarks.replication_bench import end_to_end, make_topic, throughput  # noqa: E402
 
 RECORD_SIZE = 100
 WARMUP = 200_000
@@ -36,6 +40,8 @@ WARMUP = 200_000
 def _kind(cmdline: str) -> str:
     if "PartitionReplica" in cmdline:
         return "replica"
+    if "E2EConsumer" in cmdline:
+        return "consumer"
     if "ray::Broker" in cmdline:
         return "broker"
     if "ray::" in cmdline or "raylet" in cmdline or "gcs_server" in cmdline \
@@ -73,14 +79,26 @@ def _replica_roles(cluster, topic: str) -> dict:
     return roles
 
 
-def measure(cluster, topic: str, records: int) -> dict:
+def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 6.0) -> dict:
+    """CPU by process kind over a throughput run of ``records`` (0: 3 idle seconds), or
+    over a paced end-to-end run at ``paced`` records/s for ``seconds`` (its set-up, the
+    consumer actor's start, counts too: a few tenths of a second)."""
     roles = _replica_roles(cluster, topic)
-    if records:
+    if records and not paced:
         throughput(cluster, topic, WARMUP, 0, RECORD_SIZE)
     before, t0 = _times(), time.perf_counter()
-    result = throughput(cluster, topic, records, 0, RECORD_SIZE) if records \
-        else (time.sleep(3.0) or {})
-    wall, after = time.perf_counter() - t0, _times()
+    if paced:
+        end = []        # read while the consumer's actor still runs
+        e2e = end_to_end(cluster, topic, seconds, RECORD_SIZE, paced, "e2e",
+                         lambda: end.append((time.perf_counter() - t0, _times())))
+        result = {"records_per_s": e2e["e2e_send_rate_records_per_s"]}
+        records = e2e["e2e_records"]
+        wall, after = end[0]
+    else:
+        e2e = {}
+        result = throughput(cluster, topic, records, 0, RECORD_SIZE) if records \
+            else (time.sleep(3.0) or {})
+        wall, after = time.perf_counter() - t0, _times()
     cpu = collections.defaultdict(lambda: [0.0, 0.0])
     for pid, (kind, user, system) in after.items():
         _, user0, system0 = before.get(pid, (kind, 0.0, 0.0))
@@ -89,7 +107,11 @@ def measure(cluster, topic: str, records: int) -> dict:
         cpu[kind][0] += user - user0
         cpu[kind][1] += system - system0
     total = sum(u + s for u, s in cpu.values())
-    return {"records_per_s": result.get("records_per_s"), "wall_s": round(wall, 3),
+    per_record = {k: round((u + s) / records * 1000, 4) for k, (u, s) in cpu.items()} \
+        if records else {}
+    return {**{k: v for k, v in e2e.items() if k.endswith("_ms")},
+            "cpu_ms_per_record": per_record,
+            "records_per_s": result.get("records_per_s"), "wall_s": round(wall, 3),
             "cpu_s": {k: {"user": round(u, 3), "system": round(s, 3)}
                       for k, (u, s) in sorted(cpu.items())},
             "cpu_total_s": round(total, 3), "cores_busy": round(total / wall, 2)}
@@ -100,17 +122,27 @@ def main() -> int:
     ap.add_argument("--rf", default="1,3", help="replication factors, in this order")
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--idle", action="store_true", help="no load: 3 s of the idle cluster")
+    ap.add_argument("--paced", default="",
+                    help="paced end-to-end runs at these rates (records/s) instead")
+    ap.add_argument("--seconds", type=float, default=6.0, help="of each paced run")
     a = ap.parse_args()
     out = {}
+    rates = [int(x) for x in a.paced.split(",") if x]
     with bench_cluster("throughput-cpu", 3) as (cluster, _work):
         for rf in (int(x) for x in a.rf.split(",")):
             name = f"rf{rf}"
             make_topic(cluster, name, 6, rf)
-            r = out[name] = measure(cluster, name, 0 if a.idle else a.records)
-            say(f"{name}: {r['records_per_s']} records/s in {r['wall_s']} s, "
-                f"{r['cpu_total_s']} s of CPU ({r['cores_busy']} cores)")
-            for kind, c in r["cpu_s"].items():
-                say(f"    {kind:20s} user {c['user']:6.2f}  system {c['system']:6.2f}")
+            for rate in rates or [0]:
+                key = f"{name}_{rate}" if rate else name
+                r = out[key] = measure(cluster, name, 0 if a.idle else a.records, rate,
+                                       a.seconds)
+                say(f"{key}: {r['records_per_s']} records/s in {r['wall_s']} s, "
+                    f"{r['cpu_total_s']} s of CPU ({r['cores_busy']} cores)"
+                    + (f", e2e p50 {r.get('e2e_p50_ms')} ms" if rate else ""))
+                for kind, c in r["cpu_s"].items():
+                    per = r["cpu_ms_per_record"].get(kind)
+                    say(f"    {kind:20s} user {c['user']:6.2f}  system {c['system']:6.2f}"
+                        + (f"  {per:.3f} ms/record" if per is not None else ""))
             drop_topic(cluster, name, 6 * rf)
     print(json.dumps(out))
     return 0

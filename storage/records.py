@@ -373,6 +373,18 @@ def build(values, keys=None, timestamps=None, headers=None, *, offset_deltas=Non
         raise ValueError(f"{len(headers)} header lists for {n} values")
     if now_ms is None:
         now_ms = int(_time.time() * 1000)
+    small = _small_fields(n, timestamps, offset_deltas, now_ms)
+    if small is not None:
+        # a few records (a producer at linger 0): plain Python, no numpy call at all
+        # (numpy's per-call cost is most of a one-record batch's time)
+        td, od, base_timestamp, max_timestamp = small
+        last_offset_delta = od[-1]
+        return _finish(_build_general(values, keys, td, od, headers,
+                                      HEADER_SIZE if codec == CODEC_NONE else 0),
+                       n, codec, timestamp_type, is_transactional, is_control, now_ms,
+                       base_offset, partition_leader_epoch, last_offset_delta,
+                       base_timestamp, max_timestamp, producer_id, producer_epoch,
+                       base_sequence)
     if timestamps is None:
         ts = _np.full(n, now_ms, _np.int64)
     else:
@@ -400,6 +412,63 @@ def build(values, keys=None, timestamps=None, headers=None, *, offset_deltas=Non
         base_timestamp = max_timestamp = NO_TIMESTAMP
         td = ts
         last_offset_delta = 0
+    records = None
+    if headers is None or not any(headers):
+        records = _build_uniform(values, keys, td, od, HEADER_SIZE if codec == CODEC_NONE
+                                 else 0)
+    if records is None:
+        records = _build_general(values, keys, td.tolist(), od.tolist(), headers,
+                                 HEADER_SIZE if codec == CODEC_NONE else 0)
+    return _finish(records, n, codec, timestamp_type, is_transactional, is_control, now_ms,
+                   base_offset, partition_leader_epoch, last_offset_delta, base_timestamp,
+                   max_timestamp, producer_id, producer_epoch, base_sequence)
+
+
+#: batches of at most this many records are built without numpy (measured: one record
+#: 3 us against 41 us through numpy; the two meet near 40 records)
+SMALL_BATCH_RECORDS = 24
+
+
+def _small_fields(n: int, timestamps, offset_deltas, now_ms: int):
+    """For a batch of 1..SMALL_BATCH_RECORDS records whose timestamps and offset deltas
+    are None or Python ints: (timestamp deltas, offset deltas, base timestamp, max
+    timestamp) as lists. None when the numpy path must decide (more records, other
+    types, values out of int64: it raises what it raises for them). InvalidRecordError
+    and ValueError as ``build`` for bad deltas and timestamps."""
+    if not 0 < n <= SMALL_BATCH_RECORDS:
+        return None
+    ts = [now_ms] * n if timestamps is None else _int64s(timestamps, n, "timestamps")
+    od = list(range(n)) if offset_deltas is None else \
+        _int64s(offset_deltas, n, "offset deltas")
+    if ts is None or od is None:
+        return None
+    if offset_deltas is not None and (od[0] < 0 or od[-1] > _INT32_MAX
+                                      or any(b <= a for a, b in zip(od, od[1:]))):
+        raise InvalidRecordError(
+            "offset_deltas must be strictly increasing integers in [0, 2**31-1]")
+    base = ts[0]
+    td = [t - base for t in ts]
+    if max(td) > _varint.INT64_MAX or min(td) < _varint.INT64_MIN:
+        raise ValueError("timestamps too far apart for int64 timestamp deltas")
+    return td, od, base, max(ts)
+
+
+def _int64s(items, n: int, what: str) -> list | None:
+    """``items`` as a list when they are ``n`` Python ints within int64; None when not
+    (the numpy path decides); ValueError for a count other than ``n``."""
+    if len(items) != n:
+        raise ValueError(f"{len(items)} {what} for {n} values")
+    out = list(items)
+    if not all(type(v) is int and _varint.INT64_MIN <= v <= _varint.INT64_MAX for v in out):
+        return None
+    return out
+
+
+def _finish(records, n, codec, timestamp_type, is_transactional, is_control, now_ms,
+            base_offset, partition_leader_epoch, last_offset_delta, base_timestamp,
+            max_timestamp, producer_id, producer_epoch, base_sequence) -> bytes:
+    """The batch around ``records`` (a writable buffer with HEADER_SIZE bytes reserved in
+    front when not compressed): attributes, header, CRC."""
     if timestamp_type == LOG_APPEND_TIME:
         max_timestamp = now_ms
     elif timestamp_type != CREATE_TIME:
@@ -408,14 +477,6 @@ def build(values, keys=None, timestamps=None, headers=None, *, offset_deltas=Non
     attributes = (codec | (TIMESTAMP_TYPE_MASK if timestamp_type == LOG_APPEND_TIME else 0)
                   | (TRANSACTIONAL_MASK if is_transactional else 0)
                   | (CONTROL_MASK if is_control else 0))
-
-    records = None
-    if headers is None or not any(headers):
-        records = _build_uniform(values, keys, td, od, HEADER_SIZE if codec == CODEC_NONE
-                                 else 0)
-    if records is None:
-        records = _build_general(values, keys, td.tolist(), od.tolist(), headers,
-                                 HEADER_SIZE if codec == CODEC_NONE else 0)
     if codec == CODEC_NONE:
         out = records  # a writable buffer with HEADER_SIZE bytes reserved in front
     else:

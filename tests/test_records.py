@@ -169,6 +169,28 @@ def test_uniform_fast_path_matches_general_path():
 
 
 @pytest.mark.parametrize("codec", CODECS)
+def test_small_batches_built_without_numpy_are_the_bytes_numpy_builds(codec, monkeypatch):
+    """A batch of up to SMALL_BATCH_RECORDS records (built in plain Python, as a linger-0
+    producer's are) is byte for byte the batch the numpy path builds: keys, nulls,
+    headers, timestamps, offset gaps, every codec."""
+    from storage import records
+    rnd = random.Random(11)
+    cases = []
+    for _ in range(200):
+        n = rnd.randint(1, records.SMALL_BATCH_RECORDS)
+        keys, values, headers, stamps = _random_records(rnd, n, headers=rnd.random() < 0.3,
+                                                        uniform=rnd.random() < 0.5)
+        ts = rnd.choice([None, stamps])
+        deltas = rnd.choice([None, sorted(rnd.sample(range(10**6), n))])
+        cases.append((values, keys, ts, headers, deltas))
+    small = [build(v, k, t, h, offset_deltas=d, compression=codec, now_ms=7)
+             for v, k, t, h, d in cases]
+    monkeypatch.setattr(records, "SMALL_BATCH_RECORDS", 0)       # numpy for all
+    assert small == [build(v, k, t, h, offset_deltas=d, compression=codec, now_ms=7)
+                     for v, k, t, h, d in cases]
+
+
+@pytest.mark.parametrize("codec", CODECS)
 def test_small_buffers_decode_record_by_record_as_large_ones_do(codec):
     """decode_records walks a buffer of 32 records or fewer in Python and a larger one with
     numpy: both give the records that were built (headers, null keys and values,
