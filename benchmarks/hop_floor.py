@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -128,6 +129,7 @@ def chain(hops: int, rates: list[int], seconds: float, use_ray: bool) -> dict:
         else:
             for p in links:
                 p.join(5)
+        shutil.rmtree(work, ignore_errors=True)      # the sockets' paths
     return result
 
 
