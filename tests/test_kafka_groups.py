@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 
@@ -35,6 +36,18 @@ def cluster(local_ray):  # noqa: F811
     c = Cluster.start(3, namespace=unique_namespace("kgroups"), config=dict(CONFIG))
     yield c
     c.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kafka_python_coordinator_debug():
+    """kafka-python's group coordination logged at DEBUG, which pytest shows only for a
+    failed case: a kafka-python member that never joined its group (seen in full-suite
+    runs, never alone) left nothing to read."""
+    logger = logging.getLogger("kafka.coordinator")
+    before = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield
+    logger.setLevel(before)
 
 
 def _topic(cluster, partitions: int = PARTITIONS, rf: int = 1) -> str:
@@ -200,6 +213,9 @@ def _stable(cluster, group: str, members: list[Member], topic: str) -> dict:
     assignments partition the topic, and each member holds what the coordinator gave it;
     the coordinator's description."""
     def check():
+        for m in members:                     # a member whose thread died never joins
+            if m.error is not None:
+                raise AssertionError(f"{m.kind} member of {group} failed: {m.error!r}")
         d = cluster.admin().describe_group(group)
         if d["state"] != "Stable" or len(d["members"]) != len(members):
             return None
