@@ -32,11 +32,31 @@ def stop_ray() -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    """A private local Ray for each test module that imports this fixture."""
+def local_ray(request):
+    """A private local Ray for the test modules that use this fixture: started for the
+    first of a run of consecutive such modules and kept for the next (a start and a stop
+    cost 5-7 s on 2 cores), stopped before any other module. Each module ends its own
+    clusters (their fixtures are torn down before this one)."""
     start_ray()
     yield
-    stop_ray()
+    if not _next_module_uses_local_ray(request):
+        stop_ray()
+
+
+def _next_module_uses_local_ray(request) -> bool:
+    """Whether a test of the module that runs after ``request``'s (in this session's order,
+    after deselection) uses a ``local_ray`` fixture too."""
+    items = request.session.items
+    module = [item.nodeid.split("::", 1)[0] for item in items]
+    this = request.node.nodeid
+    if this not in module:
+        return False
+    following = len(module) - module[::-1].index(this)
+    if following >= len(items):
+        return False
+    nxt = module[following]
+    return any("local_ray" in items[i].fixturenames
+               for i in range(following, len(items)) if module[i] == nxt)
 
 
 def zk_client(cluster) -> KazooClient:

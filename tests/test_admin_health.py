@@ -12,7 +12,8 @@ from actors.client.admin import (health_summary, parse_reassignment, partition_h
 from actors.errors import (IllegalArgumentError, InvalidReplicaAssignmentError,
                            InvalidTopicError, UnknownTopicOrPartitionError)
 from actors.tools.cli import describe_lines, status_topic_lines
-from cluster_helpers import FAST_CONFIG, start_ray, stop_ray, unique_namespace, wait_until
+from cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # noqa: F401
+                             wait_until)
 
 
 def st(leader, isr, replicas, epoch=0):
@@ -96,11 +97,6 @@ def test_parse_reassignment_refuses_bad_plans_with_typed_errors(plan, error):
 
 
 # -- against a real cluster --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def local_ray():
-    start_ray()
-    yield
-    stop_ray()
 
 
 @pytest.fixture(scope="module")

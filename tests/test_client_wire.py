@@ -11,16 +11,14 @@ import time
 import pytest
 
 from actors import Cluster
-from cluster_helpers import FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace, wait_until
+from cluster_helpers import FAST_CONFIG, local_ray, ray, unique_namespace, wait_until
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    start_ray()
+def cluster(local_ray):  # noqa: F811 - the module's Ray first
     c = Cluster.start(num_brokers=3, namespace=unique_namespace("cw"), config=FAST_CONFIG)
     yield c
     c.shutdown()
-    stop_ray()
 
 
 class RayCalls:

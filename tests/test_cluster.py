@@ -14,18 +14,16 @@ from actors.errors import (InvalidConfigurationError, InvalidPartitionsError,
                            InvalidReplicationFactorError, InvalidTopicError,
                            NotLeaderForPartitionError, StaleControllerEpochError,
                            TopicAlreadyExistsError, UnknownTopicOrPartitionError)
-from cluster_helpers import (FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace,
+from cluster_helpers import (FAST_CONFIG, local_ray, ray, unique_namespace,
                              wait_until, zk_client, zk_json)
 from storage.records import build, decode_records
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    start_ray()
+def cluster(local_ray):  # noqa: F811 - the module's Ray first
     c = Cluster.start(num_brokers=3, namespace=unique_namespace("cl"), config=FAST_CONFIG)
     yield c
     c.shutdown()
-    stop_ray()
 
 
 @pytest.fixture(scope="module")

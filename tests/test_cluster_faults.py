@@ -10,16 +10,11 @@ from kazoo.client import KazooClient
 
 from actors import Cluster
 from actors.errors import StaleControllerEpochError
-from cluster_helpers import (FAST_CONFIG, ray, start_ray, stop_ray, unique_namespace,
+from cluster_helpers import (FAST_CONFIG, local_ray, ray, unique_namespace,  # noqa: F401
                              wait_registered_with_controller, wait_until, zk_client, zk_json)
 from storage.records import build, decode_records
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    start_ray()
-    yield
-    stop_ray()
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import pytest
 from actors import Cluster
 from actors.errors import FencedLeaderEpochError, ReassignmentInProgressError
 from actors.protocol import broker_actor_name, unwrap
-from cluster_helpers import ray, start_ray, stop_ray, unique_namespace, wait_until, zk_client, zk_json
+from cluster_helpers import (local_ray, ray, unique_namespace, wait_until,  # noqa: F401
+                             zk_client, zk_json)
 from storage.records import build, decode_records
 
 #: A session timeout far longer than the election goal, so only Ray can explain a fast one.
@@ -21,11 +22,6 @@ SLOW_SESSION_CONFIG = {"zookeeper.session.timeout.ms": 20000}
 ELECTION_BOUND_S = 4.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    start_ray()
-    yield
-    stop_ray()
 
 
 @pytest.fixture

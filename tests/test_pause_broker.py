@@ -10,7 +10,7 @@ import pytest
 from actors import Cluster
 from actors.errors import BrokerNotAvailableError, IllegalStateError
 from actors.protocol import replica_actor_name
-from cluster_helpers import ray, start_ray, stop_ray, unique_namespace, wait_until
+from cluster_helpers import local_ray, ray, unique_namespace, wait_until
 
 # a session long enough that a pause of a few seconds does not expire it
 CONFIG = {"zookeeper.session.timeout.ms": 20000}
@@ -18,13 +18,11 @@ SHORT_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    start_ray()
+def cluster(local_ray):  # noqa: F811 - the module's Ray first
     c = Cluster.start(num_brokers=2, namespace=unique_namespace("pause"), config=CONFIG)
     c.admin().create_topic("paused", partitions=2, replication_factor=2)
     yield c
     c.shutdown()
-    stop_ray()
 
 
 def _stopped(pid: int) -> bool:
