@@ -252,7 +252,13 @@ def test_create_partitions_then_delete_records_then_delete_topic(cluster, kadmin
     cadmin.create_topics([NewTopic(name, 1, 3)])[name].result(60)
     result = kadmin.create_partitions({name: kafka.admin.NewPartitions(2)})
     assert [r.error_code for r in result.results] == [0]
-    rows = cluster.admin().describe_topic(name)
+    # answered once the broker that took it lists a leader for each new partition (as
+    # Kafka's DelayedCreatePartitions); the other brokers learn it from the controller
+    # moments later, and raykafka's Admin may ask any of them
+    def grown():
+        rows = cluster.admin().describe_topic(name)
+        return rows if len(rows) == 2 else None
+    rows = wait_until(grown, timeout_s=30, what="the new partition in raykafka's Admin")
     assert [(r["leader"] >= 0, len(r["replicas"])) for r in rows] == [(True, 3)] * 2
     assert _ck_error(cadmin.create_partitions([NewPartitions(name, 1)])[name]) == \
         "INVALID_PARTITIONS"
