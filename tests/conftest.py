@@ -18,8 +18,8 @@ def pytest_collection_modifyitems(session, config, items):
         module = item.nodeid.split("::", 1)[0]
         first_seen.setdefault(module, len(first_seen))
         uses_ray[module] = uses_ray.get(module, False) or "local_ray" in item.fixturenames
-    items.sort(key=lambda item: (uses_ray[item.nodeid.split("::", 1)[0]],
-                                 first_seen[item.nodeid.split("::", 1)[0]]))
+    rank = {module: (uses_ray[module], first) for module, first in first_seen.items()}
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
 
 
 # -- where the suite's time goes, by module (the 35-minute budget is spent per module) ------

@@ -15,8 +15,6 @@ from cluster_helpers import (FAST_CONFIG, local_ray, ray, unique_namespace,  # n
 from storage.records import build, decode_records
 
 
-
-
 @pytest.fixture
 def cluster():
     c = Cluster.start(num_brokers=3, namespace=unique_namespace("fault"), config=FAST_CONFIG)

@@ -22,8 +22,6 @@ SLOW_SESSION_CONFIG = {"zookeeper.session.timeout.ms": 20000}
 ELECTION_BOUND_S = 4.0
 
 
-
-
 @pytest.fixture
 def cluster():
     c = Cluster.start(num_brokers=3, namespace=unique_namespace("ctl"),
