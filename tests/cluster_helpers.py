@@ -72,8 +72,9 @@ def zk_json(client: KazooClient, path: str):
 
 
 def wait_until(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.05,
-               what: str = "condition"):
-    """Poll ``predicate`` until it returns a truthy value (returned); fail at the deadline."""
+               what: str = "condition", detail=None):
+    """Poll ``predicate`` until it returns a truthy value (returned); fail at the deadline,
+    with what ``detail()`` (when given) says about the state then."""
     deadline = time.monotonic() + timeout_s
     last_exc = None
     while time.monotonic() < deadline:
@@ -84,8 +85,14 @@ def wait_until(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.05,
         except Exception as exc:  # noqa: BLE001 - transient while the cluster settles
             last_exc = exc
         time.sleep(interval_s)
+    state = ""
+    if detail is not None:
+        try:
+            state = f"; {detail()}"
+        except Exception as exc:  # noqa: BLE001 - the failure is the timeout, not this
+            state = f"; the state could not be read: {exc!r}"
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: "
-                         f"{last_exc!r})")
+                         f"{last_exc!r}){state}")
 
 
 def wait_registered_with_controller(cluster, broker_ids, *, timeout_s: float = 60.0) -> None:

@@ -9,6 +9,8 @@ import os
 import threading
 
 from cluster_helpers import FAST_CONFIG, local_ray, ray, wait_until  # noqa: F401 - fixture
+from cluster_helpers import zk_client
+from coordination import zk_layout as L
 from storage.records import iter_headers
 
 #: The fault tests' cluster: RF=3 topics with min.insync.replicas=2, a follower out of the
@@ -90,6 +92,43 @@ def leader_of(cluster, topic: str, partition: int = 0) -> int:
 
 def partition_row(cluster, topic: str, partition: int = 0) -> dict:
     return cluster.metadata.refresh()["topics"][topic][partition]
+
+
+def partition_story(cluster, topic: str, partition: int = 0) -> str:
+    """What ZooKeeper holds for the partition (its state, the controller, the registered
+    brokers) beside what each live broker's metadata cache says: a failed failover wait
+    names which side is stuck."""
+    from actors.protocol import broker_actor_name, controller_actor_name
+    zk = zk_client(cluster)
+    try:
+        state = zk.get(L.partition_state_path(topic, partition))[0].decode()
+        controller = zk.get(L.CONTROLLER_PATH)[0].decode() if zk.exists(L.CONTROLLER_PATH) \
+            else None
+        registered = sorted(zk.get_children(L.BROKER_IDS_PATH))
+    finally:
+        zk.stop()
+        zk.close()
+    caches, controllers = {}, {}
+    for bid in cluster.broker_ids():
+        try:
+            handle = ray.get_actor(broker_actor_name(bid), namespace=cluster.namespace)
+            snap = ray.get(handle.get_metadata.remote(), timeout=10)
+            row = snap["topics"][topic][partition]
+            caches[bid] = (row["leader"], list(row["isr"]), snap.get("controller_epoch"))
+        except Exception as exc:  # noqa: BLE001 - a dead broker is part of the story
+            caches[bid] = type(exc).__name__
+        try:
+            handle = ray.get_actor(controller_actor_name(bid), namespace=cluster.namespace)
+            st = ray.get(handle.status.remote(), timeout=10)
+            controllers[bid] = {k: st[k] for k in ("role", "epoch", "ticks", "last_error")}
+            if st.get("requests"):
+                controllers[bid].update({k: st["requests"].get(k) for k in (
+                    "watched_brokers", "dead_brokers", "pending", "queued_isr_changes")})
+        except Exception as exc:  # noqa: BLE001 - a dead controller likewise
+            controllers[bid] = type(exc).__name__
+    return (f"ZooKeeper: state {state}, controller {controller}, brokers {registered}; "
+            f"broker caches (leader, isr, controller epoch): {caches}; "
+            f"controllers: {controllers}")
 
 
 def wait_for_full_isr(cluster, topic: str, partition: int = 0, timeout_s: float = 60.0):

@@ -22,7 +22,7 @@ from storage.records import build, iter_headers
 from tests.cluster_helpers import local_ray  # noqa: F401 - the module's Ray (fixture)
 from tests.cluster_helpers import unique_namespace, wait_until, zk_client
 from tests.replication_helpers import (CONFIG, TOPIC_CONFIG, disk_bytes_below, leader_of,
-                                       read_committed, wait_for_full_isr,
+                                       partition_story, read_committed, wait_for_full_isr,
                                        wait_replicas_converged)
 
 ck = pytest.importorskip("confluent_kafka")
@@ -155,7 +155,7 @@ def test_dedup_survives_a_leader_failover_and_a_broker_restart(cluster):
     wait_replicas_converged(cluster, topic)
     cluster.kill_broker(old)
     wait_until(lambda: leader_of(cluster, topic) not in (-1, old), timeout_s=90,
-               what="a new leader")
+               what="a new leader", detail=lambda: partition_story(cluster, topic))
     assert _produce(cluster, topic, _batch(pid, 3))["base_offset"] == 3
     assert _produce(cluster, topic, _batch(pid, 6))["base_offset"] == 6
     cluster.start_broker(old)
@@ -297,7 +297,8 @@ def test_killing_the_leader_twice_under_idempotent_producers_stores_each_record_
             # a bound on liveness only (the killed broker may host the controller, which
             # is elected again first); 30 s was passed once on a machine at load 60
             wait_until(lambda: leader_of(cluster, topic) not in (-1, old), timeout_s=90,
-                       interval_s=0.05, what="a new leader")
+                       interval_s=0.05, what="a new leader",
+                       detail=lambda: partition_story(cluster, topic))
             more(200)
             cluster.start_broker(old)
         wait_for_full_isr(cluster, topic)

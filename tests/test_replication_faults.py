@@ -15,8 +15,8 @@ from actors.errors import NotEnoughReplicasError
 from cluster_helpers import ray, unique_namespace, wait_until
 from replication_helpers import (CONFIG, LAG_MS, TOPIC_CONFIG, SequenceProducer,
                                  assert_no_acknowledged_loss, disk_bytes_below, leader_of,
-                                 partition_row, read_committed, wait_for_full_isr,
-                                 wait_replicas_converged)
+                                 partition_row, partition_story, read_committed,
+                                 wait_for_full_isr, wait_replicas_converged)
 from replication_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
 
 
@@ -52,7 +52,8 @@ def test_killing_the_leader_five_times_loses_no_acknowledged_record(cluster):
             killed_at = time.monotonic()
             cluster.kill_broker(old)
             wait_until(lambda: leader_of(cluster, "chase") not in (-1, old), timeout_s=30,
-                       interval_s=0.02, what="a new leader")
+                       interval_s=0.02, what="a new leader",
+                       detail=lambda: partition_story(cluster, "chase"))
             longest_s = max(longest_s, time.monotonic() - killed_at)
             producer.wait_for_more(100)
             cluster.start_broker(old)

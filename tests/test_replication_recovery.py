@@ -19,8 +19,8 @@ from cluster_helpers import (unique_namespace, wait_registered_with_controller, 
                              zk_client)
 from replication_helpers import (CONFIG, TOPIC_CONFIG, SequenceProducer,
                                  assert_no_acknowledged_loss, disk_bytes_below, leader_of,
-                                 partition_row, read_committed, wait_for_full_isr,
-                                 wait_replicas_converged)
+                                 partition_row, partition_story, read_committed,
+                                 wait_for_full_isr, wait_replicas_converged)
 from replication_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
 
 
@@ -195,7 +195,7 @@ def test_kip101_a_restarted_follower_becomes_leader_without_losing_records(clust
                    timeout_s=60, interval_s=0.02, what="the restarted follower in the ISR")
         cluster.kill_broker(leader)
         wait_until(lambda: leader_of(cluster, "kip101a") not in (-1, leader), timeout_s=30,
-                   what="a new leader")
+                   what="a new leader", detail=lambda: partition_story(cluster, "kip101a"))
         assert leader_of(cluster, "kip101a") == follower
         producer.wait_for_more(100)
         cluster.start_broker(leader)
