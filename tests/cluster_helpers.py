@@ -39,13 +39,13 @@ def local_ray(request):
     clusters (their fixtures are torn down before this one)."""
     start_ray()
     yield
-    if not _next_module_uses_local_ray(request):
+    if not next_module_uses(request, "local_ray"):
         stop_ray()
 
 
-def _next_module_uses_local_ray(request) -> bool:
+def next_module_uses(request, fixture: str) -> bool:
     """Whether a test of the module that runs after ``request``'s (in this session's order,
-    after deselection) uses a ``local_ray`` fixture too."""
+    after deselection) uses ``fixture`` too (a fixture that keeps what it started for it)."""
     items = request.session.items
     module = [item.nodeid.split("::", 1)[0] for item in items]
     this = request.node.nodeid
@@ -55,7 +55,7 @@ def _next_module_uses_local_ray(request) -> bool:
     if following >= len(items):
         return False
     nxt = module[following]
-    return any("local_ray" in items[i].fixturenames
+    return any(fixture in items[i].fixturenames
                for i in range(following, len(items)) if module[i] == nxt)
 
 

@@ -7,18 +7,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 # -- the modules that share a local Ray run one after another ------------------------------
+#: Fixtures that keep what they start (a Ray; a Ray with a Spark session) for the next module
+#: that uses them: such modules run one after another, after the others, in this order.
+SHARED_FIXTURES = ("spark_ray", "local_ray")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Modules whose tests use the ``local_ray`` fixture (cluster_helpers) run after the
-    others, one after another, so that one Ray serves them all (``local_ray`` keeps it for
-    the next module that uses it: a Ray's start and stop cost 5-7 s on 2 cores). The order
-    inside a module, and among the other modules, is unchanged."""
+    """Modules whose tests use a fixture of SHARED_FIXTURES (``local_ray`` in cluster_helpers:
+    a Ray's start and stop cost 5-7 s on 2 cores; ``spark_ray`` in spark_helpers: a Spark
+    session 25-30 s more) run after the others, grouped by that fixture, so that one Ray (and
+    Spark) serves each group. The order inside a module, and among the other modules, is
+    unchanged."""
     first_seen: dict[str, int] = {}
-    uses_ray: dict[str, bool] = {}
+    group: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         first_seen.setdefault(module, len(first_seen))
-        uses_ray[module] = uses_ray.get(module, False) or "local_ray" in item.fixturenames
-    rank = {module: (uses_ray[module], first) for module, first in first_seen.items()}
+        uses = [i + 1 for i, f in enumerate(SHARED_FIXTURES) if f in item.fixturenames]
+        group[module] = max([group.get(module, 0), *uses])
+    rank = {module: (group[module], first) for module, first in first_seen.items()}
     items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
 
 

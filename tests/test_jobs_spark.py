@@ -25,26 +25,19 @@ from actors import Cluster, raycompat
 from actors.errors import (ClusterNotFoundError, IllegalArgumentError, IllegalStateError,
                            InvalidConfigurationError, OffsetOutOfRangeError,
                            UnknownTopicOrPartitionError)
-from cluster_helpers import ray, stop_ray, unique_namespace, wait_until
+from cluster_helpers import ray, unique_namespace, wait_until
 from jobs.data import read_topic, write_topic
 from jobs.examples import word_count
 from jobs.spark import (JAVA_OPTIONS, JVM_SOURCE_CLASS, READER_ENV, SPARK_SCHEMA,
-                        _jvm_read_options, active_session, dataset_to_df, held_dfs,
-                        read_topic_df, spark_session, stop_spark, write_topic_df)
+                        _jvm_read_options, active_session, held_dfs,
+                        read_topic_df, spark_session, write_topic_df)
+from spark_helpers import APP_NAME, JOB_SUBMIT, OBJECT_STORE_BYTES, spark_ray  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = {"zookeeper.session.timeout.ms": 20000}
 PARTS = 3
 PER_PART = 40
 BASE = (int(time.time()) - 3600) * 1000          # record i is stamped BASE + i seconds
-# `ray job submit` of the example starts a second driver with its own Spark (JVMs, executor):
-# over a minute on a loaded 2-core machine, so it runs only when asked for
-JOB_SUBMIT = os.environ.get("RAYKAFKA_TEST_JOB_SUBMIT") == "1"
-# Ray's object store for the module: small, so that a topic larger than it is quick to fill
-# (test_a_topic_larger_than_rays_object_store_is_read_without_using_it)
-OBJECT_STORE_BYTES = 96 << 20
-
-
 def plain_record(p: int, i: int) -> dict:
     """What "plain" holds at (p, i), as read_topic_df gives it: null keys every 4th record,
     headers on even ones (the key "h" twice; null on odd ones, as Spark's Kafka source
@@ -60,32 +53,10 @@ def sent_headers(p: int, i: int) -> list:
     return plain_record(p, i)["headers"] or []
 
 
-def _start_spark(out: dict) -> None:
-    """The module's Spark session, warmed up: its executor has run a job and read a block
-    from Ray's object store (the first of each takes seconds)."""
-    try:
-        session = spark_session(app_name="raykafka-tests")
-        session.range(1).count()
-        warm = ray.data.from_arrow(pa.table({"value": [b"warm"]}))
-        assert dataset_to_df(session, warm, warm.schema().base_schema).count() == 1
-        out["spark"] = session
-    except BaseException as exc:  # noqa: BLE001 - re-raised by the fixture
-        out["error"] = exc
-
-
 @pytest.fixture(scope="module")
-def started():
-    """Ray, then Spark started in the background (it needs only Ray) while the cluster starts
-    and its topics are filled: (cluster, spark)."""
-    # 4 logical CPUs: this module's Spark executor holds one, Ray Data tasks (and, with
-    # RAYKAFKA_TEST_JOB_SUBMIT=1, the submitted job's executor) need the others; the
-    # dashboard is the job server `ray job submit` needs
-    raycompat.init_local("raykafka-tests", num_cpus=4, dashboard=JOB_SUBMIT,
-                         object_store_memory=OBJECT_STORE_BYTES)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    spark_out: dict = {}
-    spark_thread = threading.Thread(target=_start_spark, args=(spark_out,), daemon=True)
-    spark_thread.start()
+def started(spark_ray):  # noqa: F811
+    """The cluster, started and its topics filled while the shared Spark session starts (it
+    needs only Ray): (cluster, spark)."""
     c = None
     try:
         c = Cluster.start(num_brokers=2, namespace=unique_namespace("js"), config=CONFIG)
@@ -104,17 +75,10 @@ def started():
                                         headers=[sent_headers(p, i) for i in range(lo, hi)]
                                         ).wait(timeout=60)
             producer.send_batch("appended", [b"a", b"b"], timestamps=[5, 6]).wait(timeout=60)
-        spark_thread.join(timeout=600)
-        if "error" in spark_out:
-            raise spark_out["error"]
-        assert "spark" in spark_out, "the Spark session did not start within 600 s"
-        yield c, spark_out["spark"]
+        yield c, spark_ray.session()
     finally:
-        spark_thread.join(timeout=600)
-        stop_spark()
         if c is not None:
             c.shutdown()
-        stop_ray()
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +133,7 @@ def test_the_session_has_the_java_17_options_this_python_and_a_loopback_driver(s
     # a Python worker (a UDF, an RDD lambda) runs this interpreter, not the system python3
     assert spark.sparkContext.parallelize([0], 1).map(
         lambda _: __import__("sys").executable).collect() == [sys.executable]
-    assert spark_session(app_name="raykafka-tests") is spark is active_session()
+    assert spark_session(app_name=APP_NAME) is spark is active_session()
 
 
 # -- read_topic_df -----------------------------------------------------------------------------

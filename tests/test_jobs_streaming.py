@@ -23,9 +23,10 @@ import pytest
 from actors import Cluster, raycompat
 from actors.errors import (IllegalArgumentError, InvalidCheckpointError, OffsetOutOfRangeError,
                            UnknownTopicOrPartitionError)
-from cluster_helpers import ray, stop_ray, unique_namespace, wait_until
+from cluster_helpers import ray, unique_namespace, wait_until
 from jobs.examples import streaming as example
-from jobs.spark import held_dfs, spark_session, stop_spark
+from jobs.spark import held_dfs
+from spark_helpers import spark_ray  # noqa: F401 - the shared Ray and Spark (fixture)
 from jobs.streaming import BatchPlan, Checkpoint, MicroBatchStream, ParquetSink, split_cap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,38 +124,18 @@ def test_a_checkpoint_in_use_of_other_topics_or_damaged_is_a_typed_error(tmp_pat
 
 # -- against the cluster -----------------------------------------------------------------------
 
-def _start_spark(out: dict) -> None:
-    try:
-        out["spark"] = spark_session(app_name="raykafka-stream-tests")
-        out["spark"].range(1).count()
-    except BaseException as exc:  # noqa: BLE001 - re-raised by the fixture
-        out["error"] = exc
-
-
 @pytest.fixture(scope="module")
-def started():
-    """Ray (4 CPUs: this module's Spark executor, Ray Data's read tasks, and the killed
-    example's own Spark executor), Spark started in the background while the cluster
-    starts: (cluster, spark)."""
-    raycompat.init_local("raykafka-stream-tests", num_cpus=4)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    spark_out: dict = {}
-    spark_thread = threading.Thread(target=_start_spark, args=(spark_out,), daemon=True)
-    spark_thread.start()
+def started(spark_ray):  # noqa: F811
+    """The cluster, started while the shared Spark session starts (spark_helpers: its Ray
+    has the 4 logical CPUs this module's Spark executor, Ray Data's read tasks and the
+    killed example's own Spark executor need): (cluster, spark)."""
     c = None
     try:
         c = Cluster.start(num_brokers=2, namespace=unique_namespace("st"), config=CONFIG)
-        spark_thread.join(timeout=600)
-        if "error" in spark_out:
-            raise spark_out["error"]
-        assert "spark" in spark_out, "the Spark session did not start within 600 s"
-        yield c, spark_out["spark"]
+        yield c, spark_ray.session()
     finally:
-        spark_thread.join(timeout=600)
-        stop_spark()
         if c is not None:
             c.shutdown()
-        stop_ray()
 
 
 @pytest.fixture(scope="module")
