@@ -19,6 +19,8 @@ import itertools
 import threading
 import time
 
+import pytest
+
 from actors import raycompat
 from actors.client.metadata import LeaderRef
 from actors.errors import (BrokerNotAvailableError, LeaderNotAvailableError,
@@ -40,6 +42,18 @@ def start_ray() -> None:
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client_ray(request):
+    """The client modules' private local Ray (4 logical CPUs), started for the first of a run
+    of consecutive modules that use this fixture and kept for the next (conftest groups
+    them), as cluster_helpers.local_ray."""
+    from cluster_helpers import next_module_uses
+    start_ray()
+    yield
+    if not next_module_uses(request, "client_ray"):
+        stop_ray()
 
 
 def wait_until(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.02,

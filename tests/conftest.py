@@ -7,15 +7,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 # -- the modules that share a local Ray run one after another ------------------------------
-#: Fixtures that keep what they start (a Ray; a Ray with a Spark session) for the next module
-#: that uses them: such modules run one after another, after the others, in this order.
-SHARED_FIXTURES = ("spark_ray", "local_ray")
+#: Fixtures that keep what they start (a Ray with 4 logical CPUs for the client modules'
+#: fakes; a Ray with a Spark session; a Ray for clusters) for the next module that uses
+#: them: such modules run one after another, after the others, in this order.
+SHARED_FIXTURES = ("client_ray", "spark_ray", "local_ray")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Modules whose tests use a fixture of SHARED_FIXTURES (``local_ray`` in cluster_helpers:
-    a Ray's start and stop cost 5-7 s on 2 cores; ``spark_ray`` in spark_helpers: a Spark
-    session 25-30 s more) run after the others, grouped by that fixture, so that one Ray (and
+    """Modules whose tests use a fixture of SHARED_FIXTURES (``local_ray`` in cluster_helpers
+    and ``client_ray`` in client_fakes: a Ray's start and stop cost 5-7 s on 2 cores;
+    ``spark_ray`` in spark_helpers: a Spark session 25-30 s more) run after the others, grouped by that fixture, so that one Ray (and
     Spark) serves each group. The order inside a module, and among the other modules, is
     unchanged."""
     first_seen: dict[str, int] = {}

@@ -15,7 +15,7 @@ from actors import Cluster
 from actors.errors import (BrokerNotAvailableError, IllegalArgumentError,
                            InvalidConfigurationError, OffsetOutOfRangeError,
                            UnknownTopicOrPartitionError)
-from cluster_helpers import ray, start_ray, stop_ray, unique_namespace, wait_until
+from cluster_helpers import local_ray, ray, unique_namespace, wait_until  # noqa: F401
 from jobs.data import (SCHEMA, TopicDatasource, iter_range, read_topic, resolve_ranges,
                        write_topic)
 
@@ -38,8 +38,7 @@ def plain_record(p: int, i: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    start_ray()
+def cluster(local_ray):  # noqa: F811
     ray.data.DataContext.get_current().enable_progress_bars = False
     c = Cluster.start(num_brokers=2, namespace=unique_namespace("jd"), config=CONFIG)
     admin = c.admin()
@@ -55,7 +54,6 @@ def cluster():
                                     headers=[r["headers"] for r in recs]).wait(timeout=60)
     yield c
     c.shutdown()
-    stop_ray()
 
 
 def read_all(ds) -> pa.Table:

@@ -16,6 +16,7 @@ from actors.client.simple_consumer import SimpleConsumer
 from actors.errors import IllegalArgumentError
 from actors.protocol import FetchResult
 from client_fakes import ScriptedBackend, WireBroker, WireMetadata
+from client_fakes import client_ray  # noqa: F401 - fixture (one test uses Ray)
 from storage.records import build
 
 
@@ -248,13 +249,12 @@ def test_consumer_rejects_a_negative_fetch_max_wait_ms():
         Consumer(WireMetadata([]), fetch_min_bytes="1")
 
 
-def test_a_real_replica_answers_a_long_poll_when_a_record_is_committed(tmp_path):
+def test_a_real_replica_answers_a_long_poll_when_a_record_is_committed(tmp_path, client_ray):
     """Against a real PartitionReplica (the leader of a one-replica ISR), a fetch with
     max_wait_ms=5000 returns the record a producer appends meanwhile, well before the wait
     is over."""
     from actors.client.producer import Producer
-    from client_fakes import FakeMetadata, start_ray, stop_ray
-    start_ray()
+    from client_fakes import FakeMetadata
     md = FakeMetadata(str(tmp_path))
     try:
         md.create_topic("real", 1)
@@ -275,4 +275,3 @@ def test_a_real_replica_answers_a_long_poll_when_a_record_is_committed(tmp_path)
         assert elapsed < 4.0, elapsed
     finally:
         md.shutdown()
-        stop_ray()

@@ -17,7 +17,7 @@ from actors.client.murmur2 import partition_for_key
 from actors.client.producer import Producer
 from actors.client.simple_consumer import SimpleConsumer
 from actors.types import RecordMetadata
-from client_fakes import FakeMetadata, start_ray, stop_ray, wait_until
+from client_fakes import FakeMetadata, client_ray, wait_until  # noqa: F401 - client_ray: fixture
 from storage.records import (CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD,
                              parse_header)
 
@@ -25,13 +25,11 @@ _names = (f"topic{i}" for i in itertools.count())
 
 
 @pytest.fixture(scope="module")
-def data_dir():
-    start_ray()
+def data_dir(client_ray):  # noqa: F811
     path = tempfile.mkdtemp(prefix="rk-producer-")
     try:
         yield path
     finally:
-        stop_ray()
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -10,7 +10,7 @@ import pytest
 from actors.errors import LeaderNotAvailableError
 from actors.client.producer import Producer
 from actors.client.simple_consumer import SimpleConsumer
-from client_fakes import FakeMetadata, start_ray, stop_ray, wait_until
+from client_fakes import FakeMetadata, client_ray, wait_until  # noqa: F401 - client_ray: fixture
 
 KEYS = [b"k%d" % i for i in range(12)]
 RETRYING = dict(retries=60, retry_backoff_ms=20, retry_backoff_max_ms=200,
@@ -18,13 +18,11 @@ RETRYING = dict(retries=60, retry_backoff_ms=20, retry_backoff_max_ms=200,
 
 
 @pytest.fixture(scope="module")
-def data_dir():
-    start_ray()
+def data_dir(client_ray):  # noqa: F811
     path = tempfile.mkdtemp(prefix="rk-producer-faults-")
     try:
         yield path
     finally:
-        stop_ray()
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ from actors.protocol import broker_actor_name, replica_actor_name
 from actors.server.replica import HW_CHECKPOINT, ray_actor_class
 from storage.checkpoint import read_offset
 from storage.records import build, decode_records
+from client_fakes import client_ray  # noqa: F401 - the client modules' Ray (fixture)
 
 ray = raycompat.ray
 
@@ -47,8 +48,7 @@ class FakeBroker:
 
 
 @pytest.fixture(scope="module")
-def brokers():
-    raycompat.init_local(NAMESPACE, num_cpus=4)
+def brokers(client_ray):  # noqa: F811
     # FakeBroker and the log readers travel to the workers by value (tests/ is not on
     # their path)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -63,7 +63,8 @@ def brokers():
             name=name, namespace=NAMESPACE, num_cpus=0, max_concurrency=4).remote()
     ray.get([h.proposals_for.remote("") for h in handles.values()])
     yield handles
-    ray.shutdown()
+    for h in handles.values():
+        ray.kill(h, no_restart=True)
 
 
 class Partition:
@@ -183,6 +184,17 @@ def test_a_stopped_follower_leaves_the_isr_after_the_lag_time(partition, brokers
     partition.lead(0, 0)
     partition.produce(0, values("x", 2), acks=-1)
     ray.kill(partition.handles[2], no_restart=True)
+
+    def follower_dead():
+        try:
+            ray.get(partition.handles[2].state.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return True
+        return False
+    # ray.kill returns before the process ends: a follower still fetching could take "y"
+    # too, and a follower at the leader's log end is in sync, dead or not (Kafka's
+    # isCaughtUp), so it would never leave the ISR
+    wait_until(follower_dead, what="the killed follower's actor gone")
     killed = time.monotonic()
     partition.produce(0, values("y", 2), acks=1)         # 2 can no longer be caught up
     try:

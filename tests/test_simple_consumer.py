@@ -10,17 +10,15 @@ from actors.errors import (IllegalArgumentError, OffsetOutOfRangeError,
 from actors.client.producer import Producer
 from actors.client.simple_consumer import SimpleConsumer
 from actors.types import Record
-from client_fakes import FakeMetadata, start_ray, stop_ray
+from client_fakes import FakeMetadata, client_ray  # noqa: F401 - client_ray: fixture
 
 
 @pytest.fixture(scope="module")
-def data_dir():
-    start_ray()
+def data_dir(client_ray):  # noqa: F811
     path = tempfile.mkdtemp(prefix="rk-simple-consumer-")
     try:
         yield path
     finally:
-        stop_ray()
         shutil.rmtree(path, ignore_errors=True)
 
 
