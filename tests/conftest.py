@@ -16,9 +16,9 @@ SHARED_FIXTURES = ("client_ray", "spark_ray", "local_ray")
 def pytest_collection_modifyitems(session, config, items):
     """Modules whose tests use a fixture of SHARED_FIXTURES (``local_ray`` in cluster_helpers
     and ``client_ray`` in client_fakes: a Ray's start and stop cost 5-7 s on 2 cores;
-    ``spark_ray`` in spark_helpers: a Spark session 25-30 s more) run after the others, grouped by that fixture, so that one Ray (and
-    Spark) serves each group. The order inside a module, and among the other modules, is
-    unchanged."""
+    ``spark_ray`` in spark_helpers: a Spark session 25-30 s more) run after the others,
+    grouped by that fixture, so that one Ray (and Spark) serves each group. The order inside
+    a module, and among the other modules, is unchanged."""
     first_seen: dict[str, int] = {}
     group: dict[str, int] = {}
     for item in items:

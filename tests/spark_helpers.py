@@ -29,7 +29,8 @@ class SharedSpark:
     """The Spark session being started (or started) on the shared Ray."""
 
     def __init__(self):
-        self.out: dict = {}
+        self.spark = None
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._start, daemon=True, name="spark-start")
         self.thread.start()
 
@@ -44,16 +45,16 @@ class SharedSpark:
             session.range(1).count()
             warm = ray.data.from_arrow(pa.table({"value": [b"warm"]}))
             assert dataset_to_df(session, warm, warm.schema().base_schema).count() == 1
-            self.out["spark"] = session
+            self.spark = session
         except BaseException as exc:  # noqa: BLE001 - re-raised by session()
-            self.out["error"] = exc
+            self.error = exc
 
     def session(self, timeout_s: float = 600.0):
         self.thread.join(timeout=timeout_s)
-        if "error" in self.out:
-            raise self.out["error"]
-        assert "spark" in self.out, f"the Spark session did not start within {timeout_s} s"
-        return self.out["spark"]
+        if self.error is not None:
+            raise self.error
+        assert self.spark is not None, f"the Spark session did not start within {timeout_s} s"
+        return self.spark
 
 
 _shared: SharedSpark | None = None

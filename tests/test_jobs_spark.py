@@ -29,8 +29,8 @@ from cluster_helpers import ray, unique_namespace, wait_until
 from jobs.data import read_topic, write_topic
 from jobs.examples import word_count
 from jobs.spark import (JAVA_OPTIONS, JVM_SOURCE_CLASS, READER_ENV, SPARK_SCHEMA,
-                        _jvm_read_options, active_session, held_dfs,
-                        read_topic_df, spark_session, write_topic_df)
+                        _jvm_read_options, active_session, held_dfs, read_topic_df,
+                        spark_session, write_topic_df)
 from spark_helpers import APP_NAME, JOB_SUBMIT, OBJECT_STORE_BYTES, spark_ray  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,6 +38,8 @@ CONFIG = {"zookeeper.session.timeout.ms": 20000}
 PARTS = 3
 PER_PART = 40
 BASE = (int(time.time()) - 3600) * 1000          # record i is stamped BASE + i seconds
+
+
 def plain_record(p: int, i: int) -> dict:
     """What "plain" holds at (p, i), as read_topic_df gives it: null keys every 4th record,
     headers on even ones (the key "h" twice; null on odd ones, as Spark's Kafka source

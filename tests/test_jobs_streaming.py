@@ -26,8 +26,8 @@ from actors.errors import (IllegalArgumentError, InvalidCheckpointError, OffsetO
 from cluster_helpers import ray, unique_namespace, wait_until
 from jobs.examples import streaming as example
 from jobs.spark import held_dfs
-from spark_helpers import spark_ray  # noqa: F401 - the shared Ray and Spark (fixture)
 from jobs.streaming import BatchPlan, Checkpoint, MicroBatchStream, ParquetSink, split_cap
+from spark_helpers import spark_ray  # noqa: F401 - the shared Ray and Spark (fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = {"zookeeper.session.timeout.ms": 20000}
