@@ -44,17 +44,19 @@ def local_ray(request):
 
 
 def next_module_uses(request, fixture: str) -> bool:
-    """Whether a test of the module that runs next in this process (conftest's
-    pytest_runtest_teardown records it; None at the end of the run or of a pytest-xdist
-    worker's share) uses ``fixture`` too (a fixture that keeps what it started for it).
-    Called from a module-scoped fixture's finalizer, which runs when the next test is in
-    another module."""
-    nxt = getattr(request.session, "raykafka_next_item", None)
-    if nxt is None:
+    """Whether a test of the module that runs after ``request``'s (in this session's order,
+    after deselection) uses ``fixture`` too (a fixture that keeps what it started for it)."""
+    items = request.session.items
+    module = [item.nodeid.split("::", 1)[0] for item in items]
+    this = request.node.nodeid
+    if this not in module:
         return False
-    module = nxt.nodeid.split("::", 1)[0]
-    return any(fixture in item.fixturenames for item in request.session.items
-               if item.nodeid.split("::", 1)[0] == module)
+    following = len(module) - module[::-1].index(this)
+    if following >= len(items):
+        return False
+    nxt = module[following]
+    return any(fixture in items[i].fixturenames
+               for i in range(following, len(items)) if module[i] == nxt)
 
 
 def zk_client(cluster) -> KazooClient:

@@ -3,8 +3,6 @@
 import os
 import sys
 
-import pytest
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -30,44 +28,6 @@ def pytest_collection_modifyitems(session, config, items):
         group[module] = max([group.get(module, 0), *uses])
     rank = {module: (group[module], first) for module, first in first_seen.items()}
     items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
-    spark = [module for module, g in group.items()
-             if g == 1 + SHARED_FIXTURES.index("spark_ray")]
-    if not set(spark) <= set(XDIST_TOGETHER):
-        raise pytest.UsageError(f"modules {spark} share one Spark session: list them all in "
-                                "tests/conftest.py XDIST_TOGETHER")
-
-
-# -- two workers (`pytest -n 2`, .ci/run) -----------------------------------------------------
-#: Modules that run on one pytest-xdist worker, one after another, under one name: those
-#: that share one Spark session (spark_ray). Every other module is a unit of its own.
-XDIST_TOGETHER = {"tests/test_jobs_spark.py": "spark_ray",
-                  "tests/test_jobs_streaming.py": "spark_ray"}
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist hands out whole modules (a module's tests share its clusters), in this
-    conftest's order (the shared-Ray modules last, together), to whichever of the workers is
-    free. (xdist's own ``--dist loadgroup`` marks do not reach its scheduler under pytest 9.2:
-    it renames ``item._nodeid``, which pytest no longer reads.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModuleScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return XDIST_TOGETHER.get(module, module)
-
-    config.option.loadscopereorder = False
-    return ModuleScheduling(config, log)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item, nextitem):
-    """What runs next in this process (None at its end): a module-scoped fixture of
-    SHARED_FIXTURES keeps its Ray for it when it uses that fixture too
-    (cluster_helpers.next_module_uses). Under pytest-xdist this is the worker's next test,
-    not the next in the collection."""
-    item.session.raykafka_next_item = nextitem
 
 
 # -- where the suite's time goes, by module (the 35-minute budget is spent per module) ------
