@@ -131,3 +131,17 @@ def wait_topic_on_every_broker(cluster, topic: str, partitions: int, *, isr: int
         return True
     wait_until(served, timeout_s=timeout_s, interval_s=0.1,
                what=f"{topic} in every broker's metadata")
+
+
+def kafka_python_subscribe(consumer, topic: str, *, timeout_s: float = 60.0) -> None:
+    """Subscribe a kafka-python 3.0 KafkaConsumer (made without topics) to ``topic`` once
+    its own metadata holds the topic. Subscribed at construction it joins the group before
+    its metadata has the topic; as the group's leader it assigns nothing, sees the topic
+    arrive and rejoins, and when poll()'s timeout ends while that rejoin's SyncGroup is in
+    flight it never applies the answer (its need_rejoin() is already False): no partitions
+    and no heartbeats until the coordinator expires it. A kafka-python 3.0.12 defect, seen
+    in full-suite runs and under load (docs/clients.md); this keeps the rejoin from
+    happening."""
+    wait_until(lambda: consumer.partitions_for_topic(topic), timeout_s=timeout_s,
+               interval_s=0.2, what=f"{topic} in kafka-python's metadata")
+    consumer.subscribe([topic])

@@ -31,8 +31,9 @@ import pytest
 from actors import Cluster, wire
 from storage.records import (CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD,
                              decode_records, iter_headers)
-from tests.cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # noqa: F401
-                                   wait_topic_on_every_broker, wait_until)
+from tests.cluster_helpers import (FAST_CONFIG, kafka_python_subscribe,  # noqa: F401
+                                   local_ray, unique_namespace, wait_topic_on_every_broker,
+                                   wait_until)
 
 ck = pytest.importorskip("confluent_kafka")
 import confluent_kafka.admin  # noqa: E402  (ck.admin)
@@ -188,8 +189,9 @@ def _kp_read(consumer, count):
 
 
 def _kp_group_read(bootstrap, topic, group, count):
-    consumer = _kp_consumer(bootstrap, topic, group=group)
+    consumer = _kp_consumer(bootstrap, group=group)
     try:
+        kafka_python_subscribe(consumer, topic)
         records = _kp_read(consumer, count)
         consumer.commit()
         return records

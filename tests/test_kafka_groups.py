@@ -17,8 +17,9 @@ import time
 import pytest
 
 from actors import Cluster, wire
-from tests.cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # noqa: F401
-                                   wait_topic_on_every_broker, wait_until)
+from tests.cluster_helpers import (FAST_CONFIG, kafka_python_subscribe,  # noqa: F401
+                                   local_ray, unique_namespace, wait_topic_on_every_broker,
+                                   wait_until)
 
 ck = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
@@ -134,12 +135,13 @@ class Member:
                     "roundrobin": RoundRobinPartitionAssignor,
                     "cooperative-sticky": CooperativeStickyAssignor}[self.strategy]
         consumer = kafka.KafkaConsumer(
-            self.topic, bootstrap_servers=self.cluster.bootstrap_servers,
+            bootstrap_servers=self.cluster.bootstrap_servers,
             group_id=self.group, auto_offset_reset="earliest", enable_auto_commit=False,
             partition_assignment_strategy=[assignor], group_instance_id=self.instance_id,
             session_timeout_ms=self.session_timeout_ms)
-        self._started.set()
         try:
+            kafka_python_subscribe(consumer, self.topic)
+            self._started.set()
             while not self._stop.is_set():
                 got = consumer.poll(200)
                 for tp, msgs in got.items():
