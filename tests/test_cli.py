@@ -375,6 +375,29 @@ def test_cluster_connect_from_another_driver_finds_the_cluster(daemon):
     assert "'cli-connect'" in out.stdout.decode() and "[0, 1]" in out.stdout.decode()
 
 
+def test_an_attached_command_exits_without_rays_exit_hook_and_keeps_its_output(daemon):
+    """The command's entry point (cli.run) ends a command that attached to the running
+    cluster with os._exit after flushing its output: no exit hook runs (Ray's sleeps
+    0.5 s, then disconnects), its piped, block-buffered output is whole and its exit code
+    kept; the same command finding no cluster exits the usual way, its exit hooks run."""
+    state_dir, ns = daemon
+    for i in range(3):
+        assert cli(daemon, "topics", "create", f"cli-exit-{i}", "--partitions", "1",
+                   "--replication-factor", "1").returncode == 0
+    code = ("import atexit, sys; from actors.tools import cli; "
+            "atexit.register(lambda: print('exit hook ran', file=sys.stderr, flush=True)); "
+            "sys.argv = ['raykafka', 'topics', 'list', '--namespace', sys.argv[1]]; cli.run()")
+    out = subprocess.run([sys.executable, "-c", code, ns], capture_output=True, timeout=120,
+                         env=_env(state_dir), cwd=ROOT)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert {f"cli-exit-{i}" for i in range(3)} <= set(out.stdout.decode().split())
+    assert "exit hook ran" not in out.stderr.decode()
+    out = subprocess.run([sys.executable, "-c", code, unique_namespace("nobody")],
+                         capture_output=True, timeout=120, env=_env(state_dir), cwd=ROOT)
+    assert out.returncode == 1 and "ClusterNotFoundError" in out.stderr.decode()
+    assert "exit hook ran" in out.stderr.decode()
+
+
 def test_stop_then_start_keeps_topics_and_records(daemon, daemon_port):
     """`stop` ends the daemon, its ZooKeeper and its Ray; a new `start` on the same data dir
     (and the same --port) serves the same topics and records; `status` without a cluster is
