@@ -174,8 +174,8 @@ def _kp_produce(bootstrap, topic, partition, sends):
             producer.close(DEADLINE_S)
 
 
-def _kp_consumer(bootstrap, *topics, group=None):
-    return kafka.KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group,
+def _kp_consumer(bootstrap, group=None):
+    return kafka.KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
                                auto_offset_reset="earliest", enable_auto_commit=False,
                                session_timeout_ms=6000)
 

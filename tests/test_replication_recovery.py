@@ -79,7 +79,8 @@ def test_the_controllers_broker_killed_during_an_election(cluster4):
         leader = leader_of(cluster4, "elect", p)
         cluster4.kill_broker(leader)
         cluster4.kill_broker(controller)
-        story = lambda: partition_story(cluster4, "elect", p)  # noqa: E731
+        def story():
+            return partition_story(cluster4, "elect", p)
         wait_until(lambda: cluster4.controller_id() not in (-1, controller, leader),
                    timeout_s=30, what="a new controller", detail=story)
         assert zk_controller_epoch(cluster4) > epoch_before
