@@ -362,3 +362,23 @@ def this_node() -> NodeAffinitySchedulingStrategy:
 def on_node(node_id: str) -> NodeAffinitySchedulingStrategy:
     """Pin an actor or task to ``node_id`` (hard: it waits for that node, never moves)."""
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+
+def holds_own_name(name: str, namespace: str) -> bool:
+    """Whether the calling actor is still the live actor Ray knows by ``name``.
+
+    ``ray.kill`` reaches the GCS at once and the process only later: between the two, a
+    killed actor's threads go on running. The GCS releases the name when it marks the actor
+    dead, so a thread about to act for its actor (start a successor, take a role) can ask
+    whether anything is left to act for. False also when the name now belongs to another
+    actor (a successor), or when the GCS cannot be asked."""
+    me = ray.get_runtime_context().get_actor_id()
+    if me is None:
+        return False
+    try:
+        holder = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    except Exception:  # noqa: BLE001 - GCS unreachable: nothing to prove we are alive
+        return False
+    return holder._actor_id.hex() == me

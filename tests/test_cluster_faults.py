@@ -103,6 +103,27 @@ def test_killing_the_controller_actor_alone_moves_the_role_and_restarts_the_cand
         zk.close()
 
 
+def test_an_actor_holds_its_name_only_while_ray_gives_it_that_name():
+    """raycompat.holds_own_name, which keeps a killed broker's supervisor from starting a
+    controller candidate: True in the actor Ray knows by the name; False in another actor
+    asking for that name, and for a name nobody holds (the one a ray.kill released)."""
+    class Named:  # defined here: pickled by value, as no worker can import this module
+        def holds(self, name, namespace):
+            from actors import raycompat
+            return raycompat.holds_own_name(name, namespace)
+
+    ns = unique_namespace("named")
+    owner = ray.remote(Named).options(name="owner", namespace=ns).remote()
+    other = ray.remote(Named).options(namespace=ns).remote()
+    try:
+        assert ray.get(owner.holds.remote("owner", ns), timeout=30) is True
+        assert ray.get(other.holds.remote("owner", ns), timeout=30) is False
+        assert ray.get(owner.holds.remote("released", ns), timeout=30) is False
+    finally:
+        ray.kill(owner)
+        ray.kill(other)
+
+
 def test_an_expired_session_makes_the_broker_register_again(cluster):
     """Expire a broker's ZooKeeper session: its /brokers/ids node comes back under a new
     session, its partitions get a new leader epoch, and the broker keeps serving."""

@@ -510,6 +510,14 @@ class Broker:
             except ray.exceptions.RayActorError:
                 if self._stopping.is_set():
                     return
+                # Cluster.kill_broker kills this actor first and its candidate a moment
+                # later; this process can outlive both. A candidate started now would
+                # outlive it too, holding an election won in a dead broker's name.
+                if not raycompat.holds_own_name(broker_actor_name(self.broker_id),
+                                                self.namespace):
+                    log.warning("broker %d: controller actor died, and so did this broker "
+                                "(its name is released): no new candidate", self.broker_id)
+                    return
                 log.warning("broker %d: controller actor died; starting a new candidate",
                             self.broker_id)
                 try:
