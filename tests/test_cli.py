@@ -122,6 +122,13 @@ def test_topics_create_list_describe_alter_delete(daemon):
     out = cli(daemon, "topics", "alter", "cli-t", "--config", "retention.bytes=1000000")
     assert out.returncode == 0, out.stderr.decode()
     assert "retention.bytes=1000000" in cli(daemon, "topics", "describe", "cli-t").stdout.decode()
+    out = cli(daemon, "topics", "alter", "cli-t", "--partitions", "5")   # kafka-topics' way
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode() == "Altered topic cli-t: 5 partitions (2 added).\n"
+    desc = cli(daemon, "topics", "describe", "cli-t").stdout.decode()
+    assert "PartitionCount: 5" in desc and desc.count("\tPartition: ") == 5
+    assert_one_line_error(cli(daemon, "topics", "alter", "cli-t", "--partitions", "4"), 1,
+                          "InvalidPartitionsError")
     assert cli(daemon, "topics", "delete", "cli-t").returncode == 0
     assert "cli-t" not in cli(daemon, "topics", "list").stdout.decode().split()
 
@@ -214,6 +221,7 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
                               "--replication-factor", "1"), 2, "positive integer")
     assert_one_line_error(cli(daemon, "topics", "alter", "x", "--config", "novalue"), 2,
                           "key=value")
+    assert_one_line_error(cli(daemon, "topics", "alter", "x"), 2, "--partitions N or")
     assert_one_line_error(cli(daemon, "consume", "x", "--group", ""), 2, "non-empty")
     assert_one_line_error(cli(daemon, "acls", "add", "User:a", "--operation", "read"), 2,
                           "exactly one resource")

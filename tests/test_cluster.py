@@ -424,3 +424,54 @@ def test_public_clients_refuse_bad_input_and_read_offsets_on_a_real_cluster(clus
     assert got[("clients", 1)] == []
     assert got[("clients", 0)][0].value == b"2-20"
     admin.delete_topic("clients")
+
+
+def test_create_partitions_grows_a_topic_whose_new_partitions_take_records(cluster, zk):
+    """Admin.create_partitions: the topic's assignment in ZooKeeper grows with the topic's
+    replication factor, every broker's metadata shows the new partitions with leaders when
+    it returns, a producer writes to them and a consumer reads back; the old partitions keep
+    their records."""
+    admin = cluster.admin()
+    admin.create_topic("grown", partitions=2, replication_factor=2)
+    producer = cluster.producer(acks="all")
+    producer.send("grown", b"old", partition=1).get(timeout=30)
+    added = admin.create_partitions("grown", 5)
+    assert sorted(added) == [2, 3, 4] and all(len(r) == 2 for r in added.values())
+    assert sorted(zk_json(zk, "/brokers/topics/grown")["partitions"]) == ["0", "1", "2", "3", "4"]
+    assert [r["partition"] for r in admin.describe_topic("grown")] == [0, 1, 2, 3, 4]
+    for p in (2, 3, 4):
+        producer.send("grown", b"new-%d" % p, partition=p).get(timeout=30)
+    producer.close()
+    consumer = cluster.consumer()
+    consumer.assign([("grown", p) for p in range(5)])
+    consumer.seek_to_beginning()
+    got = {}
+    wait_until(lambda: got.update({tp: [r.value for r in rs] for tp, rs in
+                                   consumer.poll(timeout_ms=500).items()}) or len(got) == 4,
+               what="records from partitions 1-4")
+    consumer.close()
+    assert got == {("grown", 1): [b"old"], ("grown", 2): [b"new-2"],
+                   ("grown", 3): [b"new-3"], ("grown", 4): [b"new-4"]}
+    admin.delete_topic("grown")
+
+
+def test_create_partitions_refuses_what_would_not_grow_the_topic(cluster):
+    """A count not above the current one, an unknown topic and an assignment of the wrong
+    shape are typed errors, and the topic keeps its partitions."""
+    from actors.errors import InvalidReplicaAssignmentError
+    admin = cluster.admin()
+    admin.create_topic("fixed", partitions=3)
+    for count in (3, 2, 0, "4"):
+        with pytest.raises(InvalidPartitionsError):
+            admin.create_partitions("fixed", count)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.create_partitions("never-created", 4)
+    with pytest.raises(InvalidReplicaAssignmentError):
+        admin.create_partitions("fixed", 5, [[0]])            # 2 new partitions, 1 list
+    with pytest.raises(InvalidReplicaAssignmentError):
+        admin.create_partitions("fixed", 4, [["zero"]])
+    with pytest.raises(InvalidReplicaAssignmentError):
+        admin.create_partitions("fixed", 4, [[42]])           # no such broker
+    assert len(admin.describe_topic("fixed")) == 3
+    assert admin.create_partitions("fixed", 4, [[1]]) == {3: [1]}
+    admin.delete_topic("fixed")

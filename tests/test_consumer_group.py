@@ -561,3 +561,51 @@ def test_a_members_stats_say_when_it_first_got_records_and_last_processed_some(c
     assert 0 < busy["first_poll_records"] <= 100
     assert (idle["first_poll_at"], idle["first_poll_records"],
             idle["last_processed_at"]) == (None, 0, None)
+
+
+def test_partitions_added_to_a_subscribed_topic_reach_the_group(cluster):
+    """Admin.create_partitions on a topic a group consumes: the group's leader sees the new
+    count at its next metadata refresh and rebalances (Kafka's assignment snapshot), so the
+    members together own every partition, the new ones included, and read what is written
+    there."""
+    admin = cluster.admin()
+    admin.create_topic("growing", partitions=2)
+    stop = threading.Event()
+    owned: dict[int, set] = {}
+    values: list = []
+
+    def member(i: int) -> None:
+        consumer = cluster.consumer(group_id="g-growing", session_timeout_ms=SESSION_MS,
+                                    auto_offset_reset="earliest")
+        consumer.subscribe(["growing"])
+        try:
+            while not stop.is_set():
+                for records in consumer.poll(timeout_ms=200).values():
+                    values.extend(r.value for r in records)
+                owned[i] = set(consumer.assignment())
+        finally:
+            consumer.close()
+
+    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        def owners() -> list:
+            return sorted(tp for tps in list(owned.values()) for tp in tps)
+        wait_until(lambda: owners() == [("growing", 0), ("growing", 1)], timeout_s=60,
+                   what="the group owning the topic's 2 partitions", detail=owners)
+        admin.create_partitions("growing", 4)
+        wait_until(lambda: owners() == [("growing", p) for p in range(4)], timeout_s=60,
+                   what="the group owning all 4 partitions", detail=owners)
+        producer = cluster.producer()
+        for p in range(4):
+            producer.send("growing", b"p%d" % p, partition=p)
+        producer.flush(timeout=30)
+        producer.close()
+        wait_until(lambda: sorted(values) == [b"p0", b"p1", b"p2", b"p3"], timeout_s=60,
+                   what="a record from each partition", detail=lambda: sorted(values))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    admin.delete_topic("growing")

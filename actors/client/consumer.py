@@ -358,8 +358,18 @@ class Consumer:
             return
         self._subscription_read_at = time.monotonic()
         if self._group is not None:
-            if self._matching_topics() != self._group_topics:
+            topics = self._read_topics()
+            matching = self._matching_topics(topics)
+            if matching != self._group_topics:
                 self._rejoin.set()        # a new matching topic: the group assigns it
+            elif self._group.is_leader and self._group.assigned_counts is not None:
+                # partitions added to a subscribed topic: the leader rejoins to assign them
+                # (Kafka's ConsumerCoordinator: its assignment snapshot no longer matches)
+                assigned = self._group.assigned_counts
+                if any(len(topics[t]) != assigned.get(t) for t in matching):
+                    for t in matching:
+                        self.metadata.invalidate(t)   # the assignor counts from it
+                    self._rejoin.set()
             return
         topics = self._read_topics()
         tps = [(t, p) for t in self._matching_topics(topics) for p in sorted(topics[t])]

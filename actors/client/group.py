@@ -99,6 +99,9 @@ class GroupMember:
         self.generation = -1
         self.assignment: list[tuple[str, int]] = []
         self.is_leader = False
+        #: {topic: partition count} of the leader's last assignment (Kafka's
+        #: assignmentSnapshot): a leader whose metadata later disagrees rejoins.
+        self.assigned_counts: dict[str, int] | None = None
         self._handle = None
         self.coordinator_id: int | None = None      # the broker coordinator() found
         self._lock = threading.RLock()
@@ -211,6 +214,8 @@ class GroupMember:
                 counts[topic] = len(self.metadata.partitions_for(topic))
             except Exception:  # noqa: BLE001 - a topic that does not exist (yet): skipped
                 continue
+        with self._lock:
+            self.assigned_counts = dict(counts)
         result = assignor(protocol)(subs, counts)
         handover = None
         if hasattr(result, "target"):                   # cooperative: moves are handed over

@@ -231,11 +231,13 @@ class Metadata:
             self._handles[key] = handle
         return LeaderRef(handle, leader, epoch)
 
-    def wait_for_leaders(self, topic: str, *, timeout_s: float, exists: bool = True) -> None:
-        """Block until every live broker's metadata shows every partition of ``topic`` with a
-        leader, and each leader replica answers to its name (or, with ``exists=False``, until
-        no broker's metadata lists the topic): after it returns, a client in any process,
-        whichever broker it asks, finds the topic as it now is."""
+    def wait_for_leaders(self, topic: str, *, timeout_s: float, exists: bool = True,
+                         partitions: int = 1) -> None:
+        """Block until every live broker's metadata shows at least ``partitions`` partitions
+        of ``topic``, every one with a leader, and each leader replica answers to its name
+        (or, with ``exists=False``, until no broker's metadata lists the topic): after it
+        returns, a client in any process, whichever broker it asks, finds the topic as it
+        now is."""
         from ..errors import KafkaTimeoutError
         deadline = time.monotonic() + timeout_s
         while True:
@@ -244,13 +246,16 @@ class Metadata:
             for snap in snaps:
                 parts = snap.get("topics", {}).get(topic)
                 if exists:
-                    done &= bool(parts) and all(s["leader"] >= 0 for s in parts.values())
+                    done &= (bool(parts) and len(parts) >= partitions
+                             and all(s["leader"] >= 0 for s in parts.values()))
                 else:
                     done &= parts is None
             if done and exists:
                 self.refresh(newest=True)
                 try:
-                    for p in self.partitions_for(topic):
+                    found = self.partitions_for(topic)
+                    done = len(found) >= partitions
+                    for p in found:
                         self.leader(topic, p)
                 except (LeaderNotAvailableError, UnknownTopicOrPartitionError):
                     done = False

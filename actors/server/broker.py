@@ -864,6 +864,9 @@ class Broker:
                      config: dict | None) -> dict:
         return self.admin.create_topic(name, partitions, replication_factor, config)
 
+    def create_partitions(self, name: str, count: int, assignment: list | None = None) -> dict:
+        return self.admin.create_partitions(name, count, assignment)
+
     def delete_topic(self, name: str) -> None:
         self.admin.delete_topic(name)
 

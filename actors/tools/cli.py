@@ -468,11 +468,17 @@ def cmd_topics_delete(args) -> int:
 
 def cmd_topics_alter(args) -> int:
     config = _parse_config(args.config)
-    if not config:
-        raise UsageError("topics alter needs at least one --config key=value")
+    if not config and args.partitions is None:
+        raise UsageError("topics alter needs --partitions N or at least one --config key=value")
     _check_topic_name(args.name)
-    merged = connect(args.namespace).admin().alter_topic_config(args.name, config)
-    print(f"Altered topic {args.name}: {_fmt_config(merged)}")
+    admin = connect(args.namespace).admin()
+    if args.partitions is not None:     # kafka-topics --alter --partitions: grow only
+        added = admin.create_partitions(args.name, args.partitions)
+        print(f"Altered topic {args.name}: {args.partitions} partitions "
+              f"({len(added)} added).")
+    if config:
+        merged = admin.alter_topic_config(args.name, config)
+        print(f"Altered topic {args.name}: {_fmt_config(merged)}")
     return 0
 
 
@@ -983,9 +989,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only partitions without a leader (offline)")
     t = cmd(tsub, "delete", cmd_topics_delete, "delete a topic")
     t.add_argument("name")
-    t = cmd(tsub, "alter", cmd_topics_alter, "change a topic's config")
+    t = cmd(tsub, "alter", cmd_topics_alter,
+            "change a topic's config, or grow its partition count")
     t.add_argument("name")
-    t.add_argument("--config", action="append", metavar="K=V", required=True)
+    t.add_argument("--partitions", type=_positive_int, metavar="N",
+                   help="the new partition count (more than now: partitions are only added)")
+    t.add_argument("--config", action="append", metavar="K=V")
 
     s = cmd(sub, "produce", cmd_produce, "produce lines from stdin")
     s.add_argument("topic")
