@@ -175,6 +175,25 @@ def _consume_running(daemon, topic: str, *args) -> subprocess.Popen:
     return proc
 
 
+def test_consume_reads_one_partition_from_an_offset_as_kafkas_console_consumer(
+        daemon, three_records):
+    """`consume --partition P --offset O` (kafka-console-consumer's options) prints that
+    partition from offset O; an offset past the log end, a partition the topic lacks and
+    --offset without --partition are one-line errors."""
+    out = cli(daemon, "consume", three_records, "--partition", "0", "--offset", "1",
+              "--max-messages", "2")
+    assert out.returncode == 0 and out.stdout == b"b\nc\n", out.stderr.decode()
+    out = cli(daemon, "consume", three_records, "--partition", "0", "--offset", "earliest",
+              "--max-messages", "1")
+    assert out.returncode == 0 and out.stdout == b"a\n", out.stderr.decode()
+    assert_one_line_error(cli(daemon, "consume", three_records, "--partition", "0",
+                              "--offset", "4"), 1, "OffsetOutOfRangeError")
+    assert_one_line_error(cli(daemon, "consume", three_records, "--partition", "1"), 1,
+                          "has no partition 1")
+    assert_one_line_error(cli(daemon, "consume", three_records, "--offset", "1"), 2,
+                          "--offset needs --partition")
+
+
 def test_consume_ends_when_its_output_pipe_closes_while_idle(daemon, three_records):
     """`consume | head -1`: once the reader of its stdout is gone, a consume with nothing
     more to print exits 0 within moments instead of waiting for a next record forever."""

@@ -594,15 +594,56 @@ def _consume_group(args) -> int:
     return 0
 
 
+def _start_offset(value: str):
+    """--offset: 'earliest', 'latest' or a non-negative offset (kafka-console-consumer's)."""
+    if value in ("earliest", "latest"):
+        return value
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 'earliest', 'latest' or a non-negative "
+                                         f"offset, got {value!r}")
+    return int(value)
+
+
+def _consume_positions(consumer, args, partitions) -> dict:
+    """Where each partition's read starts: --offset for --partition's, else the log start
+    (--from-beginning) or end. An offset outside the partition's log is a typed error."""
+    from ..errors import OffsetOutOfRangeError
+    offset = args.offset if args.offset is not None else (
+        "earliest" if args.from_beginning else "latest")
+    if not isinstance(offset, int):
+        when = -2 if offset == "earliest" else -1
+        return {p: consumer.offsets_before(args.topic, p, when)[0] for p in partitions}
+    (p,) = partitions
+    start = consumer.offsets_before(args.topic, p, -2)[0]
+    end = consumer.offsets_before(args.topic, p, -1)[0]
+    if not start <= offset <= end:
+        raise OffsetOutOfRangeError(f"offset {offset} is outside {args.topic}-{p}, which "
+                                    f"holds offsets {start} to {end - 1} (next: {end})")
+    return {p: offset}
+
+
 def cmd_consume(args) -> int:
     _check_topic_name(args.topic)
+    if args.offset is not None and args.partition is None:
+        raise UsageError("--offset needs --partition (the partition it is an offset of)")
+    if args.offset is not None and args.from_beginning:
+        raise UsageError("--offset and --from-beginning cannot be used together")
     if args.group is not None:
+        if args.partition is not None:
+            raise UsageError("--partition reads one partition without a group; "
+                             "--group takes the group's share of every partition")
         return _consume_group(args)
     cluster = connect(args.namespace)
     partitions = cluster.metadata.partitions_for(args.topic)
+    if args.partition is not None:
+        if args.partition not in partitions:
+            from ..errors import UnknownTopicOrPartitionError
+            raise UnknownTopicOrPartitionError(
+                f"topic {args.topic!r} has no partition {args.partition} (it has "
+                f"{len(partitions)}: 0 to {len(partitions) - 1})")
+        partitions = [args.partition]
     consumer = cluster.simple_consumer()
-    when = -2 if args.from_beginning else -1
-    positions = {p: consumer.offsets_before(args.topic, p, when)[0] for p in partitions}
+    positions = _consume_positions(consumer, args, partitions)
     out = sys.stdout.buffer
     key_sep = (args.key_separator or "\t").encode()
     count = 0
@@ -1007,6 +1048,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("topic")
     s.add_argument("--group", default=None)
     s.add_argument("--from-beginning", action="store_true")
+    s.add_argument("--partition", type=_non_negative_int, default=None, metavar="P",
+                   help="read only this partition")
+    s.add_argument("--offset", type=_start_offset, default=None, metavar="O",
+                   help="with --partition: start at this offset, 'earliest' or 'latest' "
+                        "(the default)")
     s.add_argument("--max-messages", type=_positive_int, default=None)
     s.add_argument("--timeout-ms", type=_positive_int, default=None,
                    help="exit after this long without a new record")
