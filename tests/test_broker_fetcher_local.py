@@ -133,6 +133,19 @@ def test_acks_all_completes_once_the_follower_fetched_the_batch(pair):
     _until(lambda: follower.high_watermark >= 19, what="the follower's HW")
 
 
+def test_the_follower_replica_learns_the_leaders_last_high_watermark(pair):
+    """A new HW that comes with no records (the last produce's, learnt after the fetch that
+    carried it) still reaches the follower replica, with the next fetch answer (the long
+    poll's end at the latest), as a HW message without an APPLY."""
+    pair.follow_all()
+    chan = ReplicaChannel(pair.leaders[("t", 1)].channel_address())
+    for i in range(5):
+        wait(chan.produce(build([b"r%d" % i]), acks=-1, timeout_ms=10000), 15)
+    chan.close()
+    follower = pair.followers[("t", 1)]
+    _until(lambda: follower.high_watermark == 5, timeout_s=5, what="the follower's HW of 5")
+
+
 def test_one_fetch_per_round_carries_every_followed_partition(pair):
     """Both partitions ride in the same Fetch: the fetcher's request count stays about the
     number of rounds, not rounds x partitions, and each follower gets its partition's
