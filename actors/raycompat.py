@@ -371,14 +371,13 @@ def holds_own_name(name: str, namespace: str) -> bool:
     killed actor's threads go on running. The GCS releases the name when it marks the actor
     dead, so a thread about to act for its actor (start a successor, take a role) can ask
     whether anything is left to act for. False also when the name now belongs to another
-    actor (a successor), or when the GCS cannot be asked."""
+    actor (a successor). When the GCS cannot be asked, Ray's error is raised: neither
+    answer is known."""
     me = ray.get_runtime_context().get_actor_id()
     if me is None:
         return False
     try:
         holder = ray.get_actor(name, namespace=namespace)
     except ValueError:
-        return False
-    except Exception:  # noqa: BLE001 - GCS unreachable: nothing to prove we are alive
         return False
     return holder._actor_id.hex() == me

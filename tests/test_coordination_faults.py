@@ -131,12 +131,17 @@ def test_zookeeper_outage_of_10s_keeps_registration_and_election(zk_server, clie
     sessions_before = (zk1.session_id, zk2.session_id)
 
     zk_server.stop()
-    wait_until(lambda: zk1.state == KazooState.SUSPENDED, timeout_s=10, what="suspended")
-    wait_until(lambda: not c1.is_active and not reg.registered, timeout_s=10,
-               what="roles paused while disconnected")
-    assert c1.status().role == ControllerRole.SUSPENDED
-    time.sleep(OUTAGE_S)   # the outage itself is the fault under test
-    zk_server.start(timeout_s=30)
+    try:    # the server comes back whatever fails here: the module's next tests use it
+        wait_until(lambda: zk1.state == KazooState.SUSPENDED, timeout_s=10, what="suspended")
+        # is_active drops on kazoo's thread at once, the role on the candidate's loop
+        # thread at its next round: wait for both
+        wait_until(lambda: (not c1.is_active and not reg.registered
+                            and c1.status().role == ControllerRole.SUSPENDED),
+                   timeout_s=10, what="roles paused while disconnected",
+                   detail=lambda: (c1.status(), reg.registered))
+        time.sleep(OUTAGE_S)   # the outage itself is the fault under test
+    finally:
+        zk_server.start(timeout_s=30)
 
     wait_until(lambda: reg.registered, timeout_s=30, what="broker registered again")
     wait_until(lambda: sum(c.is_active for c in (c1, c2)) == 1, timeout_s=30,

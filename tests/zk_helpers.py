@@ -15,15 +15,18 @@ def start_zookeeper(data_dir) -> EmbeddedZooKeeper:
     return EmbeddedZooKeeper(data_dir).start(timeout_s=30.0)
 
 
-def wait_until(predicate, *, timeout_s: float, what: str, interval_s: float = 0.02):
-    """Poll `predicate` until it returns a truthy value (returned) or fail after `timeout_s`."""
+def wait_until(predicate, *, timeout_s: float, what: str, interval_s: float = 0.02,
+               detail=None):
+    """Poll `predicate` until it returns a truthy value (returned) or fail after `timeout_s`,
+    with what `detail()` (when given) says about the state then."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}")
+            state = f" ({detail()})" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}{state}")
         time.sleep(interval_s)
 
 

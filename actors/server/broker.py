@@ -513,8 +513,14 @@ class Broker:
                 # Cluster.kill_broker kills this actor first and its candidate a moment
                 # later; this process can outlive both. A candidate started now would
                 # outlive it too, holding an election won in a dead broker's name.
-                if not raycompat.holds_own_name(broker_actor_name(self.broker_id),
-                                                self.namespace):
+                try:
+                    alive = raycompat.holds_own_name(broker_actor_name(self.broker_id),
+                                                     self.namespace)
+                except Exception as exc:  # noqa: BLE001 - the GCS did not answer: next round
+                    log.warning("broker %d: controller actor died; cannot tell whether this "
+                                "broker lives (%r): asking again", self.broker_id, exc)
+                    continue
+                if not alive:
                     log.warning("broker %d: controller actor died, and so did this broker "
                                 "(its name is released): no new candidate", self.broker_id)
                     return
