@@ -366,9 +366,10 @@ class Consumer:
                 # partitions added to a subscribed topic: the leader rejoins to assign them
                 # (Kafka's ConsumerCoordinator: its assignment snapshot no longer matches)
                 assigned = self._group.assigned_counts
-                if any(len(topics[t]) != assigned.get(t) for t in matching):
-                    for t in matching:
-                        self.metadata.invalidate(t)   # the assignor counts from it
+                grown = [t for t in matching if len(topics[t]) != assigned.get(t)]
+                for t in grown:
+                    self.metadata.invalidate(t)       # the assignor counts from it
+                if grown:
                     self._rejoin.set()
             return
         topics = self._read_topics()

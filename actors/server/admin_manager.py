@@ -364,12 +364,17 @@ def _checked_assignment(assignment: dict, brokers: set[int], *, first: int) -> d
         raise InvalidReplicaAssignmentError(
             f"the assignment's partitions must be {first}..{first + len(assignment) - 1} "
             f"without a gap, got {sorted(assignment)}")
+    for p, replicas in assignment.items():
+        if (not isinstance(replicas, (list, tuple))
+                or not all(isinstance(b, int) and not isinstance(b, bool) for b in replicas)):
+            raise InvalidReplicaAssignmentError(
+                f"partition {p}: the replicas must be a list of broker ids, got {replicas!r}")
     sizes = {len(r) for r in assignment.values()}
     if len(sizes) != 1:
         raise InvalidReplicaAssignmentError("every partition must have as many replicas")
     out = {}
     for p, replicas in sorted(assignment.items()):
-        replicas = tuple(int(b) for b in replicas)
+        replicas = tuple(replicas)
         if not replicas:
             raise InvalidReplicaAssignmentError(f"partition {p}: the replica list is empty")
         if len(set(replicas)) != len(replicas):
