@@ -40,7 +40,9 @@ if [ ! -x .venv/bin/python ]; then
   quiet_pip .venv/bin/pip install -q --upgrade pip
 fi
 echo "== pip install -e .[test,bench]"
-quiet_pip .venv/bin/pip install -q -e ".[test,bench]"
+# setuptools' notes about editable installs in general ("Editable installation...",
+# UserWarnings of its build backend) say nothing about this one and are left out as well
+PYTHONWARNINGS=ignore::UserWarning quiet_pip .venv/bin/pip install -q -e ".[test,bench]"
 # Byte-compile the project now: an editable install leaves that to the first import, and
 # with PYTHONDONTWRITEBYTECODE set (as on CI machines) every Ray worker process (each
 # replica, each broker) would compile the modules from source again, 100-200 ms each.
