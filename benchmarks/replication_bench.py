@@ -224,11 +224,12 @@ def socket_rtt_ms(n: int = 2000) -> dict:
 
 
 def end_to_end(cluster, topic: str, seconds: float, size: int, rate: int = E2E_RATE,
-               prefix: str = "e2e", before_end=None) -> dict:
+               prefix: str = "e2e", before_end=None, on_start=None) -> dict:
     """Paced at ``rate`` records/s (rate/1000 records every millisecond), RF=3 acks=all,
     a long-polling Consumer in another process stamps the arrivals (module docstring).
     ``before_end()`` runs once the records are in, before the consumer's actor ends
-    (throughput_cpu.py reads every process's CPU there)."""
+    (throughput_cpu.py reads every process's CPU there); ``on_start()`` just before the
+    first paced record is sent (on this thread: it must return at once)."""
     import ray
 
     from actors import raycompat
@@ -256,6 +257,8 @@ def end_to_end(cluster, topic: str, seconds: float, size: int, rate: int = E2E_R
     late = 0
     acked_ms: list = []
     try:
+        if on_start is not None:
+            on_start()
         t0 = time.perf_counter()
         futures = []
         for i in range(n // chunk):

@@ -24,6 +24,7 @@ import collections
 import json
 import os
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,19 +82,33 @@ def _replica_roles(cluster, topic: str) -> dict:
 
 def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 6.0) -> dict:
     """CPU by process kind over a throughput run of ``records`` (0: 3 idle seconds), or
-    over a paced end-to-end run at ``paced`` records/s for ``seconds`` (its set-up, the
-    consumer actor's start, counts too: a few tenths of a second)."""
+    over the steady middle of a paced end-to-end run at ``paced`` records/s for
+    ``seconds`` (its first and last second left out, with the set-up before them)."""
     roles = _replica_roles(cluster, topic)
     if records and not paced:
         throughput(cluster, topic, WARMUP, 0, RECORD_SIZE)
     before, t0 = _times(), time.perf_counter()
     if paced:
-        end = []        # read while the consumer's actor still runs
+        # the steady part of the run only: from 1 s after the first paced record to 1 s
+        # before the last (the consumer actor's start, the producer's and the warm-up
+        # cost about a second of CPU, which at 100 records/s is more than the records)
+        window = max(1.0, seconds - 2.0)
+        marks: list = []
+
+        def sample():
+            time.sleep(1.0)
+            marks.append((time.perf_counter(), _times()))
+            time.sleep(window)
+            marks.append((time.perf_counter(), _times()))
+
+        sampler = threading.Thread(target=sample, daemon=True)
         e2e = end_to_end(cluster, topic, seconds, RECORD_SIZE, paced, "e2e",
-                         lambda: end.append((time.perf_counter() - t0, _times())))
+                         on_start=sampler.start)
+        sampler.join()
         result = {"records_per_s": e2e["e2e_send_rate_records_per_s"]}
-        records = e2e["e2e_records"]
-        wall, after = end[0]
+        (start, before), (stop, after) = marks
+        wall = stop - start
+        records = round(result["records_per_s"] * wall)
     else:
         e2e = {}
         result = throughput(cluster, topic, records, 0, RECORD_SIZE) if records \
