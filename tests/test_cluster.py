@@ -475,3 +475,44 @@ def test_create_partitions_refuses_what_would_not_grow_the_topic(cluster):
     assert len(admin.describe_topic("fixed")) == 3
     assert admin.create_partitions("fixed", 4, [[1]]) == {3: [1]}
     admin.delete_topic("fixed")
+
+
+def _thread_names(pid: int) -> set[str]:
+    names = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names.add(f.read().strip())
+        except OSError:
+            pass                                    # a thread that ended meanwhile
+    return names
+
+
+def test_server_processes_name_their_threads_in_the_kernel(cluster):
+    """A broker's and its replicas' threads carry their Python names in /proc (what top -H
+    and ps -L show; the kernel keeps 15 bytes): the broker's listener thread, a follower
+    broker's fetcher, a replica's channel threads."""
+    admin = cluster.admin()
+    admin.create_topic("named-threads", partitions=1, replication_factor=3)
+    try:
+        cluster.metadata.wait_for_leaders("named-threads", timeout_s=60)
+        procs = [p for b in range(3)
+                 for p in ray.get(cluster.broker(b).pids.remote(), timeout=60)]
+        brokers = [p["pid"] for p in procs if p["role"] == "broker"]
+        replicas = [p["pid"] for p in procs if p["role"] == "replica"
+                    and p["name"] == "named-threads-0"]
+        assert len(brokers) == 3 and len(replicas) == 3
+        for pid in brokers:
+            assert any(n.startswith("kafka-network-") for n in _thread_names(pid)), \
+                _thread_names(pid)
+        for pid in replicas:
+            wait_until(lambda: "channel-accept" in _thread_names(pid), timeout_s=30,
+                       what=f"replica process {pid}'s threads named",
+                       detail=lambda: _thread_names(pid))
+        # the two followers' brokers fetch from the leader's: "broker-<id>-fetcher-<n>"
+        wait_until(lambda: sum(any(re.fullmatch(r"broker-\d+-fetche", n)
+                                   for n in _thread_names(pid)) for pid in brokers) >= 2,
+                   timeout_s=30, what="two brokers' fetcher threads named",
+                   detail=lambda: [_thread_names(pid) for pid in brokers])
+    finally:
+        admin.delete_topic("named-threads")

@@ -59,6 +59,7 @@ from .group_offsets import offsets_partition
 from .handlers import BrokerEndpoint, KafkaApis
 from .producer_handlers import ProducerIdApis
 from .gcpause import freeze_startup_heap
+from .threadnames import name_native_threads
 from .listeners import (ListenerSpec, inter_broker_listener, inter_broker_security,
                         jaas_credentials, listener_security, listener_specs)
 from .network import SocketServer, SocketServerConfig
@@ -145,6 +146,7 @@ class Broker:
     """One broker (see the module docstring). A threaded actor: requests run concurrently."""
 
     def __init__(self, broker_id: int, conf: dict):
+        name_native_threads()       # its threads named in top -H, /proc (threadnames.py)
         self.broker_id = broker_id
         self.conf = conf
         self.namespace = conf["namespace"]

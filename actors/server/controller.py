@@ -74,6 +74,7 @@ from ..errors import (FencedLeaderEpochError, InvalidUpdateVersionError, NotCont
 from ..protocol import ControllerRole
 from .channel import ControllerChannel, RayBrokerTransport, RequestKind, RequestStatus
 from .controller_watch import ActiveControllerWatch
+from .threadnames import name_native_threads
 
 log = logging.getLogger(__name__)
 
@@ -865,6 +866,7 @@ class Controller:
     """The controller candidate actor of one broker (see the module docstring)."""
 
     def __init__(self, broker_id: int, conf: dict):
+        name_native_threads()       # its threads named in top -H, /proc (threadnames.py)
         self.broker_id = broker_id
         self.conf = conf
         settings = ZkSettings(hosts=conf["zk_hosts"], namespace=conf["namespace"],

@@ -56,6 +56,7 @@ from ..protocol import (EpochEndOffset, FetchResult, ProduceResult, ReplicaFetch
 from .epoch_cache import LeaderEpochCache
 from .fetcher import FetcherSettings, RayLeaderLink, ReplicaFetcher
 from .gcpause import freeze_startup_heap
+from .threadnames import name_native_threads
 from .partition_state import LeaderState
 from .replica_channel import ReplicaChannelServer
 from .upkeep import Upkeep
@@ -958,7 +959,10 @@ def ray_actor_class():
     global _RAY_CLASS
     if _RAY_CLASS is None:
         import ray
-        attrs = {}
+        def __init__(self, *args, **kwargs):
+            name_native_threads()   # the actor's threads named in top -H (threadnames.py)
+            PartitionReplica.__init__(self, *args, **kwargs)
+        attrs = {"__init__": __init__}
         for name, group in METHOD_GROUPS.items():
             attrs[name] = ray.method(concurrency_group=group)(_forward(name))
         cls = type("PartitionReplica", (PartitionReplica,), attrs)
