@@ -393,6 +393,55 @@ def test_the_purgatory_wakes_its_expiry_thread_only_for_an_earlier_deadline():
         purgatory.close()
 
 
+def test_a_parked_fetch_woken_by_a_change_it_cannot_use_is_not_read_again():
+    """A parked Fetch asks the backend's offsets (has_records) at each notify and reads
+    the partitions only when they have records for it (as Kafka's DelayedFetch compares
+    offsets); the read that completes it gives its answer. A backend that cannot tell
+    (None) is read as before."""
+    from actors.protocol import FetchResult
+    from actors.server.handlers import _DelayedFetch, _FetchRead
+
+    class Backend:
+        def __init__(self, knows=True):
+            self.reads, self.end, self.knows = 0, 5, knows
+
+        def leader_epoch(self, topic, partition):
+            return 3
+
+        def has_records(self, topic, partition, offset, *, replica_id):
+            return (self.end > offset) if self.knows else None
+
+        def read(self, topic, partition, offset, max_bytes, *, replica_id,
+                 isolation_level, cached_only=False):
+            self.reads += 1
+            data = bytes(build([b"v"] * (self.end - offset), base_offset=offset)) \
+                if self.end > offset else b""
+            return FetchResult(data, self.end, 0, self.end)
+
+    header = wire.RequestHeader(wire.FETCH, 12, 7, "t")
+    for knows, reads_while_waiting in ((True, 0), (None, 3)):
+        backend = Backend(knows)
+        purgatory = Purgatory()
+        try:
+            future = concurrent.futures.Future()
+            read = _FetchRead(backend, _fetch_body("events", 0, 5, max_wait_ms=30_000))
+            purgatory.park(_DelayedFetch(time.monotonic() + 30, read, 1, header, future),
+                           read.keys())
+            parked = backend.reads
+            for _ in range(3):                  # e.g. the HW moved, nothing new below it
+                assert purgatory.notify(("events", 0)) == 0
+            assert backend.reads - parked == reads_while_waiting and not future.done()
+            backend.end = 7
+            assert purgatory.notify(("events", 0)) == 1
+            frame = b"".join(bytes(b) for b in future.result(1))[4:]
+            _, body = wire.decode_response(wire.FETCH, 12, frame)
+            part = body["responses"][0]["partitions"][0]
+            assert part["high_watermark"] == 7
+            assert [r.offset for r in decode_records(bytes(part["records"]))] == [5, 6]
+        finally:
+            purgatory.close()
+
+
 # -- the handlers over real Logs ---------------------------------------------------------
 @pytest.fixture
 def broker(tmp_path):

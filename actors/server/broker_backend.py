@@ -299,6 +299,23 @@ class BrokerBackend:
         except KafkaError:
             return True                  # not the leader here: refused at once, no wait
 
+    def has_records(self, topic: str, partition: int, offset: int, *,
+                    replica_id: int) -> bool | None:
+        """From what the partition's watch last pushed (Backend.has_records): records up
+        to the log end for a follower broker, up to the HW for a consumer. None without a
+        working link in the epoch this broker leads the partition in, or for an offset
+        outside the log as the link knows it (the read answers the error)."""
+        key = (topic, partition)
+        link = self._links.get(key)
+        if (link is None or link.stale or not link.channel.alive
+                or self._leader_epochs().get(key) != link.leader_epoch):
+            return None
+        with link.lock:
+            if not link.log_start_offset <= offset <= link.log_end_offset:
+                return None
+            end = link.log_end_offset if replica_id >= 0 else link.high_watermark
+            return end > offset
+
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, *,
              replica_id: int, isolation_level: int,
              cached_only: bool = False) -> FetchResult:

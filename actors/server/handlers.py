@@ -140,6 +140,14 @@ class Backend(Protocol):
         """Can ``append`` hand the partition's batches over without waiting (no channel
         to open first)? (``KafkaApis.handle_inline``)"""
 
+    def has_records(self, topic: str, partition: int, offset: int, *,
+                    replica_id: int) -> bool | None:
+        """Without reading (a parked Fetch asks at every change of a partition it waits
+        on, as Kafka's DelayedFetch compares offsets): would ``read`` at ``offset`` give
+        records now (True) or none (False)? None when only a read can tell (an error to
+        report, a leadership or epoch that changed, state not known here); a backend
+        without the method is always read."""
+
     def list_offset(self, topic: str, partition: int, timestamp: int, *,
                     isolation_level: int) -> tuple[int, int]:
         """(timestamp, offset) for ListOffsets: -1 latest, -2 earliest, else the first
@@ -653,6 +661,24 @@ class _FetchRead:
         return [(t["topic"], p["partition"]) for t in self.body["topics"]
                 for p in t["partitions"]]
 
+    def nothing_new(self) -> bool:
+        """True when the backend can tell, without reading, that no partition of the
+        request has records at its fetch offset and none has changed so that the read
+        would answer an error: waiting on is then right. False: read to know."""
+        has_records = getattr(self.backend, "has_records", None)
+        if has_records is None:
+            return False
+        replica_id = self.body["replica_id"]
+        for t in self.body["topics"]:
+            topic = t["topic"]
+            if topic in self.denied:
+                return False
+            for p in t["partitions"]:
+                if has_records(topic, p["partition"], p["fetch_offset"],
+                               replica_id=replica_id) is not False:
+                    return False
+        return True
+
     def __call__(self) -> tuple[dict, int, bool]:
         body, backend = self.body, self.backend
         replica_id, isolation = body["replica_id"], body["isolation_level"]
@@ -708,6 +734,11 @@ class _DelayedFetch(DelayedOperation):
         self._last = None
 
     def ready(self) -> bool:
+        # most wake-ups are for a change this fetch cannot use (a follower's fetch woken
+        # by a HW move, a consumer's by an append the HW has not passed yet): told by the
+        # offsets alone, without building the response, which cost 4-6 times more
+        if self.read.nothing_new():
+            return False
         response, total, errors = self._last = self.read()
         return total >= self.min_bytes or errors
 

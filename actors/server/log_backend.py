@@ -21,7 +21,7 @@ from storage import Log, LogConfig
 from storage.checkpoint import read_offset, write_offset
 from storage.records import decode_records
 
-from ..errors import UnknownTopicOrPartitionError
+from ..errors import KafkaError, UnknownTopicOrPartitionError
 from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topic_name
 from .epoch_cache import LeaderEpochCache
 from .handlers import BrokerEndpoint, KafkaApis, PartitionMetadata
@@ -115,6 +115,15 @@ class LogBackend:
 
     def linked(self, topic: str, partition: int) -> bool:
         return True                      # appends are to a Log in this process
+
+    def has_records(self, topic: str, partition: int, offset: int, *,
+                    replica_id: int) -> bool | None:
+        try:
+            log = self._partition(topic, partition).log
+        except KafkaError:
+            return None                  # the read answers the error
+        end = log.log_end_offset
+        return end > offset if log.log_start_offset <= offset <= end else None
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, *,
              replica_id: int, isolation_level: int,
