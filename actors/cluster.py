@@ -49,6 +49,7 @@ PAUSE_TIMEOUT_S = 30.0
 INFO_ACTOR = CLUSTER_INFO_ACTOR
 
 DEFAULT_BROKER_CONFIG = {
+    "auto.create.topics.enable": "true",     # Kafka's default: Metadata creates topics
     "default.replication.factor": "1",
     "num.partitions": "1",
     "min.insync.replicas": "1",
@@ -71,6 +72,12 @@ class ClusterInfo:
         self.info.update(changes)
 
 
+def validate_config(config) -> dict:
+    """The broker settings ``Cluster.start(config=...)`` would run with (defaults filled
+    in); InvalidConfigurationError for one it would refuse."""
+    return _validate_config(config)
+
+
 def _validate_config(config) -> dict:
     if config is None:
         return dict(DEFAULT_BROKER_CONFIG)
@@ -82,6 +89,11 @@ def _validate_config(config) -> dict:
         if not isinstance(key, str):
             raise InvalidConfigurationError(f"config keys are Kafka's dotted names, got {key!r}")
         out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    auto = out["auto.create.topics.enable"].strip().lower()
+    if auto not in ("true", "false"):
+        raise InvalidConfigurationError(f"auto.create.topics.enable must be true or false, "
+                                        f"got {out['auto.create.topics.enable']!r}")
+    out["auto.create.topics.enable"] = auto
     for key in ("default.replication.factor", "num.partitions", "min.insync.replicas",
                 "replica.lag.time.max.ms", "zookeeper.session.timeout.ms"):
         try:

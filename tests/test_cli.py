@@ -65,7 +65,8 @@ def daemon(daemon_port):
     state_dir = tempfile.mkdtemp(prefix="rk-cli-")
     ns = unique_namespace("cli")
     started = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "2",
-                      "--port", str(daemon_port), timeout=240)
+                      "--port", str(daemon_port), "--config", "num.partitions=2",
+                      timeout=240)
     assert started.returncode == 0, started.stderr.decode()[-3000:]
     try:
         yield state_dir, ns
@@ -92,6 +93,23 @@ def test_start_writes_a_ready_state_file_and_status_reports_the_brokers(daemon):
     assert out.returncode == 0, out.stderr.decode()
     text = out.stdout.decode()
     assert "brokers     0, 1 live" in text and "controller  broker" in text
+
+
+def test_start_config_sets_broker_settings_that_topic_auto_creation_uses(daemon):
+    """`start --config num.partitions=2` (the module's daemon) reaches the brokers: kcat
+    producing to a topic nobody created gets it made with 2 partitions; a bad setting is
+    a one-line typed error before anything starts."""
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed (apt-get install -y kcat)")
+    bootstrap = cli(daemon, "status", "--bootstrap").stdout.decode().strip()
+    produced = subprocess.run(["kcat", "-b", bootstrap, "-P", "-t", "cli-auto"],
+                              input=b"x\ny\n", capture_output=True, timeout=120)
+    assert produced.returncode == 0, produced.stderr.decode()
+    described = cli(daemon, "topics", "describe", "cli-auto")
+    assert described.returncode == 0, described.stderr.decode()
+    assert "\tPartitionCount: 2\t" in described.stdout.decode(), described.stdout.decode()
+    assert_one_line_error(cli(daemon, "start", "--config", "auto.create.topics.enable=maybe"),
+                          1, "auto.create.topics.enable must be true or false")
 
 
 def test_status_and_the_state_file_show_the_zookeeper_connect_string_with_its_chroot(daemon):

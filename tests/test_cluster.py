@@ -99,6 +99,15 @@ def test_a_malformed_zk_connect_string_is_a_typed_error():
             Cluster.start(num_brokers=1, namespace=unique_namespace("bad"), zk=bad)
 
 
+def test_auto_create_topics_enable_takes_only_true_or_false():
+    """auto.create.topics.enable is true or false (any case); anything else is a typed
+    error before anything starts."""
+    for bad in ("maybe", "1", ""):
+        with pytest.raises(InvalidConfigurationError, match="auto.create.topics.enable"):
+            Cluster.start(num_brokers=1, namespace=unique_namespace("bad"),
+                          config={"auto.create.topics.enable": bad})
+
+
 def test_topic_znodes_have_the_seed_schemas(cluster, zk):
     """A created topic writes its assignment, per-partition state and config as the seeds."""
     admin = cluster.admin()

@@ -174,6 +174,65 @@ def test_kcat_lists_produces_and_consumes(cluster):
     assert sorted(consumed.stdout.splitlines()) == sorted(lines.splitlines())
 
 
+def test_kcat_producing_to_a_topic_nobody_created_creates_it(cluster):
+    """auto.create.topics.enable (Kafka's default, on): kcat -P to a new topic gets it
+    created with num.partitions and default.replication.factor (1 and 1) from its
+    Metadata request, delivers every line, and kcat -C reads them back."""
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed (apt-get install -y kcat)")
+    bootstrap = cluster.bootstrap_servers
+    lines = "".join(f"line{i}\n" for i in range(50))
+    produced = subprocess.run(["kcat", "-b", bootstrap, "-P", "-t", "auto-kcat"],
+                              input=lines, capture_output=True, text=True, timeout=120)
+    assert produced.returncode == 0 and "failed" not in produced.stderr, produced.stderr
+    parts = cluster.admin().describe_topic("auto-kcat")
+    assert [(p["partition"], len(p["replicas"])) for p in parts] == [(0, 1)]
+    consumed = subprocess.run(["kcat", "-b", bootstrap, "-C", "-t", "auto-kcat", "-o",
+                               "beginning", "-e", "-q"], capture_output=True, text=True,
+                              timeout=120)
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout.splitlines() == lines.splitlines()
+
+
+def test_metadata_creates_a_topic_only_when_asked_and_allowed(cluster):
+    """A Metadata request naming an unknown topic: with allow_auto_topic_creation it is
+    answered LEADER_NOT_AVAILABLE and the topic is created (its leaders follow); without
+    it, UNKNOWN_TOPIC_OR_PARTITION and nothing is created; an invalid name is
+    INVALID_TOPIC_EXCEPTION; the offsets topic is never made by Metadata; a listing (null
+    topics) creates nothing."""
+    from actors.connection import KafkaConnection
+    host, port = cluster.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    conn = KafkaConnection(host, int(port))
+    admin = cluster.admin()
+    before = set(admin.list_topics())
+
+    def codes(names, allow):
+        answer = conn.request(wire.METADATA, {
+            "topics": [{"name": n} for n in names], "allow_auto_topic_creation": allow}
+        ).result(60)
+        return {t["name"]: t["error_code"] for t in answer["topics"]}
+
+    try:
+        err = wire.ERRORS_BY_NAME
+        assert codes(["auto-not-asked"], False) == {
+            "auto-not-asked": err["UNKNOWN_TOPIC_OR_PARTITION"].code}
+        # (the offsets topic exists once a test of the module used a group)
+        assert codes(["bad name!", "__consumer_offsets"], True) == {
+            "bad name!": err["INVALID_TOPIC_EXCEPTION"].code,
+            "__consumer_offsets": wire.NONE if "__consumer_offsets" in before
+            else err["UNKNOWN_TOPIC_OR_PARTITION"].code}
+        conn.request(wire.METADATA, {"topics": None, "allow_auto_topic_creation": True}
+                     ).result(60)
+        assert set(admin.list_topics()) == before
+        assert codes(["auto-asked"], True) == {"auto-asked": err["LEADER_NOT_AVAILABLE"].code}
+        cluster.metadata.wait_for_leaders("auto-asked", timeout_s=60)
+        assert set(admin.list_topics()) == before | {"auto-asked"}
+        wait_until(lambda: codes(["auto-asked"], True) == {"auto-asked": wire.NONE},
+                   timeout_s=30, what="every broker's metadata to show auto-asked")
+    finally:
+        conn.close()
+
+
 def test_raykafka_and_confluent_kafka_read_each_others_records(cluster):
     """Records raykafka's Producer wrote (through Ray) are read by confluent-kafka through
     the listeners, and records confluent-kafka wrote are read by raykafka's SimpleConsumer."""

@@ -442,6 +442,72 @@ def test_a_parked_fetch_woken_by_a_change_it_cannot_use_is_not_read_again():
             purgatory.close()
 
 
+def test_metadata_creates_unknown_topics_only_where_the_broker_allows_it():
+    """KafkaApis asks its admin APIs to create a topic a Metadata request names (off the
+    network thread: handle_inline declines such a request) only with
+    auto.create.topics.enable true and allow_auto_topic_creation set; a broker without
+    admin APIs (one process) never creates."""
+    from actors.server.handlers import NOT_INLINE, KafkaApis
+    from actors.server.network import Request
+
+    class Backend:
+        cluster_id = "c"
+
+        def brokers(self):
+            return []
+
+        def controller_id(self):
+            return 0
+
+        def topics(self):
+            return ["known"]
+
+        def partitions(self, name):
+            return [] if name == "known" else None
+
+    class Admin:
+        def __init__(self, enabled):
+            self.enabled, self.created = enabled, []
+
+        def handlers(self):
+            return {}
+
+        def auto_create_enabled(self):
+            return self.enabled
+
+        def auto_create_topic(self, name, request=None):
+            self.created.append(name)
+            return wire.ERRORS_BY_NAME["LEADER_NOT_AVAILABLE"].code
+
+    def request(allow):
+        header = wire.RequestHeader(wire.METADATA, 12, 1, "t")
+        frame = wire.encode_request(header, {"topics": [{"name": "new"}, {"name": "known"}],
+                                             "allow_auto_topic_creation": allow})
+        head = wire.decode_request_header(memoryview(frame)[4:])
+        return Request(head[0], memoryview(frame)[4 + head[1]:], ("h", 1), 0)
+
+    def code_of_new(apis, allow):
+        frame = b"".join(bytes(b) for b in apis.handle(request(allow)))[4:]
+        _, body = wire.decode_response(wire.METADATA, 12, frame)
+        return {t["name"]: t["error_code"] for t in body["topics"]}["new"]
+
+    unknown = wire.ERRORS_BY_NAME["UNKNOWN_TOPIC_OR_PARTITION"].code
+    on, off = Admin(True), Admin(False)
+    apis_on, apis_off = KafkaApis(Backend(), admin=on), KafkaApis(Backend(), admin=off)
+    alone = KafkaApis(Backend())
+    try:
+        assert apis_on.handle_inline(request(True)) is NOT_INLINE
+        assert code_of_new(apis_on, True) == wire.ERRORS_BY_NAME["LEADER_NOT_AVAILABLE"].code
+        assert on.created == ["new"]
+        assert code_of_new(apis_on, False) == unknown and on.created == ["new"]
+        assert apis_off.handle_inline(request(True)) is not NOT_INLINE
+        assert code_of_new(apis_off, True) == unknown and off.created == []
+        assert code_of_new(alone, True) == unknown
+    finally:
+        for apis in (apis_on, apis_off, alone):
+            apis.close()
+
+
 # -- the handlers over real Logs ---------------------------------------------------------
 @pytest.fixture
 def broker(tmp_path):

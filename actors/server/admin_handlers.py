@@ -42,7 +42,8 @@ from storage import LogConfig
 
 from .. import wire
 from ..errors import (ClusterAuthorizationFailedError, InvalidConfigurationError, KafkaError,
-                      OffsetOutOfRangeError, TopicAuthorizationFailedError)
+                      OffsetOutOfRangeError, TopicAlreadyExistsError,
+                      TopicAuthorizationFailedError)
 from ..protocol import OFFSETS_TOPIC, validate_topic_name
 from .authorizer import CLUSTER, Access, principal_of
 from .handlers import DelayedOperation, Purgatory
@@ -109,7 +110,8 @@ _DEFAULTS = {**{k: v for k, v in LogConfig().to_properties().items() if k in TOP
 #: Broker settings described with their defaults when not given at start (read-only).
 #: Every name a topic config may have (TOPIC_CONFIGS and LogConfig's other spellings).
 KNOWN_TOPIC_CONFIGS = frozenset(TOPIC_CONFIGS) | frozenset(LogConfig().to_properties())
-BROKER_DEFAULTS = {"num.partitions": "1", "default.replication.factor": "1",
+BROKER_DEFAULTS = {"auto.create.topics.enable": "true",
+                   "num.partitions": "1", "default.replication.factor": "1",
                    "min.insync.replicas": "1", "unclean.leader.election.enable": "false",
                    "offsets.topic.num.partitions": "50", "offsets.topic.replication.factor": "3"}
 
@@ -196,6 +198,37 @@ class AdminApis:
             wire.DELETE_RECORDS: self.delete_records,
             wire.DESCRIBE_CLUSTER: self.describe_cluster,
         }
+
+    # -- topics created by a Metadata request (auto.create.topics.enable) ------------------
+    def auto_create_enabled(self) -> bool:
+        return str(self.broker_config.get("auto.create.topics.enable",
+                                          BROKER_DEFAULTS["auto.create.topics.enable"])
+                   ).lower() == "true"
+
+    def auto_create_topic(self, name: str, request=None) -> int:
+        """Kafka's auto.create.topics.enable: a Metadata request that names a topic no one
+        created creates it with ``num.partitions`` and ``default.replication.factor``
+        (blocking: ZooKeeper writes; never on the network thread). Answers the error code
+        for the topic's entry in the Metadata response: LEADER_NOT_AVAILABLE once it is
+        being created (by this request or another: the client asks again until its
+        leaders are elected), TOPIC_AUTHORIZATION_FAILED for a principal that may not
+        create it, else the creation's own error (e.g. INVALID_REPLICATION_FACTOR when
+        fewer brokers live than the default asks)."""
+        try:
+            if not self.access.allowed(request, "Create", "Cluster", CLUSTER):
+                self._check(request, "Create", "Topic", name)
+            self.admin.create_topic(
+                name, int(self.broker_config.get("num.partitions", 1)),
+                int(self.broker_config.get("default.replication.factor", 1)), {})
+        except TopicAlreadyExistsError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - answered as its code
+            return _code(exc)
+        log.info("broker %d: auto-created topic %r (%s partitions, replication factor %s) "
+                 "for %s", self.broker_id, name, self.broker_config.get("num.partitions", 1),
+                 self.broker_config.get("default.replication.factor", 1),
+                 principal_of(request)[0] if request is not None else "a client")
+        return _ERR["LEADER_NOT_AVAILABLE"].code
 
     def _check(self, request, operation: str, resource_type: str, name: str) -> None:
         """Raise Kafka's authorization error unless the request's principal may."""

@@ -37,7 +37,8 @@ from .. import wire
 from ..errors import (ClusterAuthorizationFailedError, FencedLeaderEpochError,
                       InvalidRecordError, KafkaError, TopicAuthorizationFailedError,
                       UnknownLeaderEpochError)
-from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topic_name
+from ..protocol import (OFFSETS_TOPIC, EpochEndOffset, FetchResult, ProduceResult,
+                        validate_topic_name)
 from .authorizer import CLUSTER, Access, principal_of
 from .network import NOT_INLINE, Request
 
@@ -65,6 +66,9 @@ def _reading_held_only(on: bool = True):
     finally:
         _INLINE.active = before
 _ERR = wire.ERRORS_BY_NAME
+# internal topics are made by their own paths (the offsets topic on a group's first use),
+# never by a Metadata request naming them
+_NEVER_AUTO_CREATED = frozenset({OFFSETS_TOPIC, "__transaction_state"})
 
 
 # -- what the handlers need of a broker -----------------------------------------------------
@@ -338,6 +342,9 @@ class KafkaApis:
             self._handlers.update(groups.handlers())
         if admin is not None:       # the admin APIs (admin_handlers.AdminApis)
             self._handlers.update(admin.handlers())
+        # Metadata's topic auto-creation (auto.create.topics.enable): the admin APIs' when
+        # there are any (a Broker's), none in one process (LocalBroker)
+        self._admin = admin if hasattr(admin, "auto_create_topic") else None
         if producers is not None:   # InitProducerId (producer_handlers.ProducerIdApis)
             self._handlers.update(producers.handlers())
         for apis in extra:          # more APIs, each with its own handlers() (ACLs, ...)
@@ -386,6 +393,8 @@ class KafkaApis:
         might wait (anything else): the network layer hands it to an io thread, and
         nothing of it has been done."""
         key = request.header.api_key
+        if key == wire.METADATA and self._auto_creating(self._body(request)):
+            return NOT_INLINE         # creating a topic writes to ZooKeeper: an io thread's
         if key in (wire.API_VERSIONS, wire.METADATA):
             return self.handle(request)
         if key == wire.PRODUCE:
@@ -400,6 +409,22 @@ class KafkaApis:
     @staticmethod
     def _body(request: Request) -> dict:
         return wire.decode_request_body(request.header, request.body, 0)
+
+    def _auto_creating(self, body: dict) -> bool:
+        """Would this Metadata request create a topic? It names a topic this broker does
+        not know, asks for creation (v4+; always before), and the broker allows it."""
+        requested = body.get("topics")
+        if not requested or self._admin is None or not body.get(
+                "allow_auto_topic_creation", True) or not self._admin.auto_create_enabled():
+            return False
+        return any(t["name"] not in _NEVER_AUTO_CREATED and self._unknown(t["name"])
+                   for t in requested)
+
+    def _unknown(self, name) -> bool:
+        try:
+            return self.backend.partitions(name) is None
+        except Exception:  # noqa: BLE001 - answered by the Metadata handler
+            return False
 
     # -- ApiVersions ---------------------------------------------------------------------
     def api_versions(self, request: Request):
@@ -424,6 +449,7 @@ class KafkaApis:
         requested = body["topics"]
         listing = requested is None or (request.header.api_version == 0 and not requested)
         names = sorted(backend.topics()) if listing else [t["name"] for t in requested]
+        create = not listing and self._auto_creating(body)
         hidden = self.denied_topics(request, "Describe", names)
         topics = []
         for name in names:
@@ -441,8 +467,10 @@ class KafkaApis:
                 topics.append({"error_code": _code(exc), "name": name, "partitions": []})
                 continue
             if parts is None:
-                topics.append({"error_code": _ERR["UNKNOWN_TOPIC_OR_PARTITION"].code,
-                               "name": name, "partitions": []})
+                code = self._admin.auto_create_topic(name, request) \
+                    if create and name not in _NEVER_AUTO_CREATED \
+                    else _ERR["UNKNOWN_TOPIC_OR_PARTITION"].code
+                topics.append({"error_code": code, "name": name, "partitions": []})
                 continue
             topics.append({"error_code": wire.NONE, "name": name,
                            "is_internal": name.startswith("__"), "partitions": [

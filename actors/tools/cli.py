@@ -161,6 +161,9 @@ def cmd_start(args) -> int:
     if args.wait_workers and not args.ray_address:
         raise UsageError("--wait-workers waits for the worker nodes of the Ray given with "
                          "--ray-address")
+    from ..cluster import validate_config
+    config = _parse_config(args.config)
+    validate_config(config)          # a bad setting: its one-line error before anything runs
     t0 = time.monotonic()
     try:
         if args.wait_workers and daemon.live_state(args.namespace) is None:
@@ -169,7 +172,7 @@ def cmd_start(args) -> int:
                                     data_dir=args.data_dir, zk=args.zk,
                                     ray_address=args.ray_address,
                                     timeout_s=args.timeout, progress=progress,
-                                    port=args.port, secure=args.secure)
+                                    port=args.port, secure=args.secure, config=config)
     finally:
         if interactive:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
@@ -1003,6 +1006,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SASL_SSL listeners (SCRAM), ACLs and ZooKeeper ACLs: makes a CA, "
                         "certificates and an admin user under <data-dir>/security (reused "
                         "when there) and prints the client settings (docs/security.md)")
+    s.add_argument("--config", action="append", metavar="K=V",
+                   help="a broker setting by Kafka's name, as in server.properties "
+                        "(repeatable), e.g. num.partitions=3, default.replication.factor=3, "
+                        "auto.create.topics.enable=false")
     s.add_argument("--timeout", type=_positive_float, default=150.0,
                    help="seconds to wait for the cluster (default 150)")
     s = cmd(sub, "stop", cmd_stop, "stop the cluster `start` left running")

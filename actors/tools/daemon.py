@@ -115,8 +115,10 @@ def default_data_dir(namespace: str) -> str:
 
 def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str | None,
                  ray_address: str | None = None, timeout_s: float = START_TIMEOUT_S,
-                 progress=None, port: int | None = None, secure: bool = False) -> dict:
+                 progress=None, port: int | None = None, secure: bool = False,
+                 config: dict | None = None) -> dict:
     """Spawn the daemon and wait until its state file says "ready"; returns the state.
+    ``config``: broker settings (Kafka's names) for ``Cluster.start``.
 
     ``progress(elapsed_s, status)`` is called about every half second while waiting.
     """
@@ -138,6 +140,8 @@ def start_daemon(*, namespace: str, brokers: int, data_dir: str | None, zk: str 
         cmd += ["--port", str(port)]
     if secure:
         cmd += ["--secure"]
+    for key, value in (config or {}).items():
+        cmd += ["--config", f"{key}={value}"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -311,7 +315,7 @@ def listeners_for_port(port: int | None, attached: bool, secure: bool = False) -
 
 def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
                ray_address: str | None = None, port: int | None = None,
-               secure: bool = False) -> int:
+               secure: bool = False, config: dict | None = None) -> int:
     from ..cluster import Cluster
     stop = threading.Event()
     base = {"namespace": namespace, "pid": os.getpid(), "data_dir": data_dir,
@@ -331,8 +335,8 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
             raycompat.init_local(namespace, dashboard=True)
         cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, zk=zk,
                                 namespace=namespace, secure=secure,
-                                config=listeners_for_port(port, ray_address is not None,
-                                                          secure))
+                                config={**listeners_for_port(port, ray_address is not None,
+                                                             secure), **(config or {})})
     except BaseException as exc:
         print(f"raykafka-daemon: failed to start: {type(exc).__name__}: {exc}", flush=True)
         remove_state(namespace, os.getpid())
@@ -379,9 +383,11 @@ def main(argv=None) -> int:
     p.add_argument("--ray-address", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--secure", action="store_true")
+    p.add_argument("--config", action="append", default=[], metavar="K=V")
     a = p.parse_args(argv)
+    config = dict(item.split("=", 1) for item in a.config)
     return run_daemon(a.namespace, a.brokers, os.path.abspath(a.data_dir), a.zk,
-                      a.ray_address, a.port, a.secure)
+                      a.ray_address, a.port, a.secure, config)
 
 
 if __name__ == "__main__":
