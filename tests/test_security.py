@@ -499,3 +499,35 @@ def test_an_authenticated_user_is_refused_what_its_acls_deny(cluster, pki):
     ok.produce(topic, b"y", partition=0)
     assert ok.flush(30) == 0
     assert ends() == [before[0] + 1, before[1]]
+
+
+def test_a_user_denied_create_cannot_auto_create_a_topic(cluster, pki):
+    """Topic auto-creation needs Create on the cluster or the topic (Kafka's rule): alice,
+    denied both, producing to a topic nobody made gets TOPIC_AUTHORIZATION_FAILED and no
+    topic is made; the broker's user producing there gets it created."""
+    admin = cluster.admin()
+    name = "alice-auto"
+    bindings = [("User:*", "cluster", "kafka-cluster", "all", "allow"),
+                ("User:alice", "cluster", "kafka-cluster", "create", "deny"),
+                ("User:*", "topic", name, "all", "allow"),
+                ("User:alice", "topic", name, "create", "deny")]
+    for principal, kind, resource, operation, permission in bindings:
+        admin.create_acl(principal, kind, resource, operation, permission=permission)
+    try:
+        conf = _settings(cluster, pki, "SASL_SSL", "SCRAM-SHA-256")
+        wait_until(lambda: len(admin.list_acls()) >= len(bindings), timeout_s=30,
+                   what="the ACLs stored")
+        errors = []
+        producer = ck.Producer({**conf, "message.timeout.ms": 8000})
+        producer.produce(name, b"x", on_delivery=lambda err, msg: errors.append(err))
+        producer.flush(30)
+        assert [e.code() for e in errors] == [ck.KafkaError.TOPIC_AUTHORIZATION_FAILED]
+        assert name not in admin.list_topics()
+        ok = ck.Producer({**conf, "sasl.username": "broker", "sasl.password": BROKER_PASSWORD,
+                          "sasl.mechanism": "SCRAM-SHA-512"})
+        ok.produce(name, b"y")
+        assert ok.flush(60) == 0
+        assert name in admin.list_topics()
+    finally:
+        for principal, kind, resource, operation, permission in bindings:
+            admin.delete_acl(principal, kind, resource, operation, permission=permission)
