@@ -75,10 +75,6 @@ class ClusterInfo:
 def validate_config(config) -> dict:
     """The broker settings ``Cluster.start(config=...)`` would run with (defaults filled
     in); InvalidConfigurationError for one it would refuse."""
-    return _validate_config(config)
-
-
-def _validate_config(config) -> dict:
     if config is None:
         return dict(DEFAULT_BROKER_CONFIG)
     if not isinstance(config, dict):
@@ -225,7 +221,7 @@ class Cluster:
                 not all(c.isalnum() or c in "-_." for c in namespace):
             raise InvalidConfigurationError(f"namespace must be letters, digits, '-', '_' or "
                                             f"'.', got {namespace!r}")
-        broker_config = _validate_config(config)
+        broker_config = validate_config(config)
         if zk is not None:
             try:
                 split_connect(zk)

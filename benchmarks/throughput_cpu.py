@@ -85,9 +85,6 @@ def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 
     over the steady middle of a paced end-to-end run at ``paced`` records/s for
     ``seconds`` (its first and last second left out, with the set-up before them)."""
     roles = _replica_roles(cluster, topic)
-    if records and not paced:
-        throughput(cluster, topic, WARMUP, 0, RECORD_SIZE)
-    before, t0 = _times(), time.perf_counter()
     if paced:
         # the steady part of the run only: from 1 s after the first paced record to 1 s
         # before the last (the consumer actor's start, the producer's and the warm-up
@@ -110,6 +107,9 @@ def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 
         wall = stop - start
         records = round(result["records_per_s"] * wall)
     else:
+        if records:
+            throughput(cluster, topic, WARMUP, 0, RECORD_SIZE)
+        before, t0 = _times(), time.perf_counter()
         e2e = {}
         result = throughput(cluster, topic, records, 0, RECORD_SIZE) if records \
             else (time.sleep(3.0) or {})

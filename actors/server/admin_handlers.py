@@ -214,20 +214,20 @@ class AdminApis:
         leaders are elected), TOPIC_AUTHORIZATION_FAILED for a principal that may not
         create it, else the creation's own error (e.g. INVALID_REPLICATION_FACTOR when
         fewer brokers live than the default asks)."""
+        partitions = int(self.broker_config.get("num.partitions", 1))
+        rf = int(self.broker_config.get("default.replication.factor", 1))
         try:
             if not self.access.allowed(request, "Create", "Cluster", CLUSTER):
                 self._check(request, "Create", "Topic", name)
-            self.admin.create_topic(
-                name, int(self.broker_config.get("num.partitions", 1)),
-                int(self.broker_config.get("default.replication.factor", 1)), {})
+            self.admin.create_topic(name, partitions, rf, {})
         except TopicAlreadyExistsError:
-            pass
+            pass                        # made meanwhile (another client, another broker)
         except Exception as exc:  # noqa: BLE001 - answered as its code
             return _code(exc)
-        log.info("broker %d: auto-created topic %r (%s partitions, replication factor %s) "
-                 "for %s", self.broker_id, name, self.broker_config.get("num.partitions", 1),
-                 self.broker_config.get("default.replication.factor", 1),
-                 principal_of(request)[0] if request is not None else "a client")
+        else:
+            log.info("broker %d: auto-created topic %r (%d partitions, replication factor "
+                     "%d) for %s", self.broker_id, name, partitions, rf,
+                     principal_of(request)[0] if request is not None else "a client")
         return _ERR["LEADER_NOT_AVAILABLE"].code
 
     def _check(self, request, operation: str, resource_type: str, name: str) -> None:

@@ -387,15 +387,15 @@ class KafkaApis:
 
     def handle_inline(self, request: Request):
         """``handle`` on the network thread, for a request that can be answered without
-        waiting (ApiVersions, Metadata; a Produce to partitions whose replicas are linked;
-        a Fetch the replicas' pushed tails answer): saves the two thread hand-offs of the
-        io threads, which cost more than such a request itself. ``NOT_INLINE`` when it
-        might wait (anything else): the network layer hands it to an io thread, and
-        nothing of it has been done."""
+        waiting (ApiVersions, a Metadata that creates no topic; a Produce to partitions
+        whose replicas are linked; a Fetch the replicas' pushed tails answer): saves the
+        two thread hand-offs of the io threads, which cost more than such a request
+        itself. ``NOT_INLINE`` when it might wait (anything else): the network layer hands
+        it to an io thread, and nothing of it has been done."""
         key = request.header.api_key
-        if key == wire.METADATA and self._auto_creating(self._body(request)):
-            return NOT_INLINE         # creating a topic writes to ZooKeeper: an io thread's
-        if key in (wire.API_VERSIONS, wire.METADATA):
+        if key == wire.METADATA:
+            return self.metadata(request, inline=True)
+        if key == wire.API_VERSIONS:
             return self.handle(request)
         if key == wire.PRODUCE:
             return self.produce(request, inline=True)
@@ -409,22 +409,6 @@ class KafkaApis:
     @staticmethod
     def _body(request: Request) -> dict:
         return wire.decode_request_body(request.header, request.body, 0)
-
-    def _auto_creating(self, body: dict) -> bool:
-        """Would this Metadata request create a topic? It names a topic this broker does
-        not know, asks for creation (v4+; always before), and the broker allows it."""
-        requested = body.get("topics")
-        if not requested or self._admin is None or not body.get(
-                "allow_auto_topic_creation", True) or not self._admin.auto_create_enabled():
-            return False
-        return any(t["name"] not in _NEVER_AUTO_CREATED and self._unknown(t["name"])
-                   for t in requested)
-
-    def _unknown(self, name) -> bool:
-        try:
-            return self.backend.partitions(name) is None
-        except Exception:  # noqa: BLE001 - answered by the Metadata handler
-            return False
 
     # -- ApiVersions ---------------------------------------------------------------------
     def api_versions(self, request: Request):
@@ -443,13 +427,18 @@ class KafkaApis:
         })
 
     # -- Metadata --------------------------------------------------------------------------
-    def metadata(self, request: Request):
+    def metadata(self, request: Request, inline: bool = False):
+        """``inline`` (on the network thread): NOT_INLINE, with nothing done, when the
+        request would create a topic (ZooKeeper writes belong on an io thread)."""
         body = self._body(request)
         backend = self.backend
         requested = body["topics"]
         listing = requested is None or (request.header.api_version == 0 and not requested)
         names = sorted(backend.topics()) if listing else [t["name"] for t in requested]
-        create = not listing and self._auto_creating(body)
+        # auto.create.topics.enable, for a request that asks for it (v4+; always before)
+        create = (not listing and self._admin is not None
+                  and body.get("allow_auto_topic_creation", True)
+                  and self._admin.auto_create_enabled())
         hidden = self.denied_topics(request, "Describe", names)
         topics = []
         for name in names:
@@ -467,9 +456,11 @@ class KafkaApis:
                 topics.append({"error_code": _code(exc), "name": name, "partitions": []})
                 continue
             if parts is None:
-                code = self._admin.auto_create_topic(name, request) \
-                    if create and name not in _NEVER_AUTO_CREATED \
-                    else _ERR["UNKNOWN_TOPIC_OR_PARTITION"].code
+                code = _ERR["UNKNOWN_TOPIC_OR_PARTITION"].code
+                if create and name not in _NEVER_AUTO_CREATED:
+                    if inline:
+                        return NOT_INLINE
+                    code = self._admin.auto_create_topic(name, request)
                 topics.append({"error_code": code, "name": name, "partitions": []})
                 continue
             topics.append({"error_code": wire.NONE, "name": name,
