@@ -544,7 +544,9 @@ def write_topic(ds, cluster, topic: str, *, acks="all", producer_config: dict | 
 
     Raises IllegalArgumentError (``ds`` not a Dataset, a missing ``value`` column, a column
     of the wrong type, a record with neither key nor value, a negative partition),
-    UnknownTopicOrPartitionError (an unknown topic or a partition it does not have),
+    UnknownTopicOrPartitionError (a partition the topic does not have, or an unknown
+    topic that the brokers do not create on first use: their auto.create.topics.enable,
+    the producer's ``allow_auto_create_topics``),
     InvalidConfigurationError (bad ``acks`` or ``producer_config``); errors in the write
     tasks reach the caller as the same classes (Ray's RayTaskError subclasses them). A
     failed write may have written part of the Dataset (at-least-once, as read_kafka's

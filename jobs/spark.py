@@ -838,8 +838,8 @@ def write_topic_df(df, cluster, topic: str, *, acks="all", producer_config: dict
     ``concurrency``, ``ray_remote_args`` as there). Delivery is at least once.
 
     Raises IllegalArgumentError (``df`` not a DataFrame, no ``value`` column, a column of a
-    type not listed), UnknownTopicOrPartitionError (an unknown topic, a partition it does
-    not have), InvalidConfigurationError (bad ``acks`` / ``producer_config``): the schema,
+    type not listed), UnknownTopicOrPartitionError (a partition the topic does not have, or
+    an unknown topic the brokers do not create: as write_topic), InvalidConfigurationError (bad ``acks`` / ``producer_config``): the schema,
     the topic and the config are checked before Spark computes anything.
     """
     if not isinstance(df, DataFrame):

@@ -97,8 +97,8 @@ def test_start_writes_a_ready_state_file_and_status_reports_the_brokers(daemon):
 
 def test_start_config_sets_broker_settings_that_topic_auto_creation_uses(daemon):
     """`start --config num.partitions=2` (the module's daemon) reaches the brokers: kcat
-    producing to a topic nobody created gets it made with 2 partitions; a bad setting is
-    a one-line typed error before anything starts."""
+    and `raykafka produce` producing to a topic nobody created get it made with 2
+    partitions; a bad setting is a one-line typed error before anything starts."""
     if shutil.which("kcat") is None:
         pytest.skip("kcat is not installed (apt-get install -y kcat)")
     bootstrap = cli(daemon, "status", "--bootstrap").stdout.decode().strip()
@@ -108,6 +108,14 @@ def test_start_config_sets_broker_settings_that_topic_auto_creation_uses(daemon)
     described = cli(daemon, "topics", "describe", "cli-auto")
     assert described.returncode == 0, described.stderr.decode()
     assert "\tPartitionCount: 2\t" in described.stdout.decode(), described.stdout.decode()
+    # raykafka's own producer asks for the creation too, as Kafka's console producer does
+    produced = cli(daemon, "produce", "cli-auto-own", stdin=b"a\nb\n")
+    assert produced.returncode == 0, produced.stderr.decode()
+    consumed = cli(daemon, "consume", "cli-auto-own", "--from-beginning", "--max-messages", "2",
+                   "--timeout-ms", "30000")
+    assert sorted(consumed.stdout.decode().split()) == ["a", "b"], consumed.stderr.decode()
+    assert "\tPartitionCount: 2\t" in cli(daemon, "topics", "describe",
+                                          "cli-auto-own").stdout.decode()
     assert_one_line_error(cli(daemon, "start", "--config", "auto.create.topics.enable=maybe"),
                           1, "auto.create.topics.enable must be true or false")
 
@@ -249,8 +257,8 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(daemon):
                           "InvalidReplicationFactorError")
     assert_one_line_error(cli(daemon, "consume", "no-such-topic", "--timeout-ms", "100"), 1,
                           "UnknownTopicOrPartitionError")
-    assert_one_line_error(cli(daemon, "produce", "no-such-topic", stdin=b"x\n"), 1,
-                          "UnknownTopicOrPartitionError")
+    assert_one_line_error(cli(daemon, "produce", "bad name", stdin=b"x\n"), 1,
+                          "InvalidTopicError")
     assert_one_line_error(cli(daemon, "topics", "create", "cfg", "--partitions", "1",
                               "--replication-factor", "1", "--config", "retention.ms=soon"),
                           1, "InvalidConfigurationError")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import time
 
 import pytest
 
@@ -413,7 +414,6 @@ def test_public_clients_refuse_bad_input_and_read_offsets_on_a_real_cluster(clus
                 (IllegalArgumentError, lambda: producer.send("clients", b"v", key=7)),
                 (UnknownTopicOrPartitionError, lambda: producer.send("clients", b"v",
                                                                      partition=2)),
-                (UnknownTopicOrPartitionError, lambda: producer.send("nowhere", b"v")),
                 (RecordTooLargeError, lambda: producer.send("clients", b"x" * 10_000))]:
             with pytest.raises(error):
                 call()
@@ -433,6 +433,33 @@ def test_public_clients_refuse_bad_input_and_read_offsets_on_a_real_cluster(clus
     assert got[("clients", 1)] == []
     assert got[("clients", 0)][0].value == b"2-20"
     admin.delete_topic("clients")
+
+
+def test_the_producer_makes_an_unknown_topic_on_first_send_unless_told_not_to(cluster, zk):
+    """raykafka's Producer asks the brokers to create a topic it sends to first (Kafka's
+    auto.create.topics.enable, kafka-python's allow_auto_create_topics): the record lands
+    at offset 0 of a topic with the brokers' num.partitions; with the setting off, an
+    unknown topic is UnknownTopicOrPartitionError at once and nothing is made; a bad name
+    is the brokers' InvalidTopicError."""
+    admin = cluster.admin()
+    with cluster.producer(allow_auto_create_topics=False, max_block_ms=60_000) as producer:
+        started = time.monotonic()
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send("not-made", b"v")
+        assert time.monotonic() - started < 10, "refused at once"
+    assert "not-made" not in admin.list_topics()
+    assert zk.exists("/brokers/topics/not-made") is None
+    with cluster.producer() as producer:
+        meta = producer.send("made-on-send", b"first").get(timeout=60)
+        assert (meta.topic, meta.partition, meta.offset) == ("made-on-send", 0, 0)
+        with pytest.raises(InvalidTopicError):
+            producer.send("bad name", b"v")
+    assert len(admin.describe_topic("made-on-send")) == 1       # num.partitions (1)
+    assert [r.value for r in cluster.simple_consumer().fetch("made-on-send", 0, 0)] == [b"first"]
+    assert "bad name" not in admin.list_topics()
+    with pytest.raises(InvalidConfigurationError, match="allow_auto_create_topics"):
+        cluster.producer(allow_auto_create_topics="yes")
+    admin.delete_topic("made-on-send")
 
 
 def test_create_partitions_grows_a_topic_whose_new_partitions_take_records(cluster, zk):

@@ -367,7 +367,8 @@ def test_write_topic_raises_typed_errors(cluster):
     with pytest.raises(IllegalArgumentError, match="partition must be >= 0"):
         write_topic(ds(value=[b"v"], partition=[-1]), cluster, "out")
     with pytest.raises(UnknownTopicOrPartitionError):
-        write_topic(ds(value=[b"v"]), cluster, "no-such-topic")
+        write_topic(ds(value=[b"v"]), cluster, "no-such-topic",
+                    producer_config={"allow_auto_create_topics": False})
     with pytest.raises(UnknownTopicOrPartitionError, match="no partition 7"):
         write_topic(ds(value=[b"v"], partition=[7]), cluster, "out")
     with pytest.raises(InvalidConfigurationError):

@@ -589,7 +589,8 @@ def test_bad_input_raises_typed_errors_with_clear_messages(spark, cluster):
     with pytest.raises(IllegalArgumentError, match="'timestamp'"):
         write_topic_df(ok.withColumn("timestamp", F.lit("now")), cluster, "copy")
     with pytest.raises(UnknownTopicOrPartitionError):
-        write_topic_df(ok, cluster, "no-such-topic")
+        write_topic_df(ok, cluster, "no-such-topic",
+                       producer_config={"allow_auto_create_topics": False})
     with pytest.raises(InvalidConfigurationError):
         write_topic_df(ok, cluster, "copy", acks=2)
     with pytest.raises(IllegalArgumentError, match="Spark DataFrame"):

@@ -22,7 +22,7 @@ from actors import Cluster, raycompat
 from actors.tools import cli
 from actors.connection import ClientSecurity, KafkaConnection, _ScramClient
 from actors.errors import (NetworkError, SaslAuthenticationError,
-                           UnsupportedSaslMechanismError)
+                           TopicAuthorizationFailedError, UnsupportedSaslMechanismError)
 from actors import wire
 from tests.cluster_helpers import (FAST_CONFIG, local_ray, unique_namespace,  # noqa: F401
                                    wait_until, zk_client, zk_json)
@@ -503,8 +503,8 @@ def test_an_authenticated_user_is_refused_what_its_acls_deny(cluster, pki):
 
 def test_a_user_denied_create_cannot_auto_create_a_topic(cluster, pki):
     """Topic auto-creation needs Create on the cluster or the topic (Kafka's rule): alice,
-    denied both, producing to a topic nobody made gets TOPIC_AUTHORIZATION_FAILED and no
-    topic is made; the broker's user producing there gets it created."""
+    denied both, producing to a topic nobody made gets TOPIC_AUTHORIZATION_FAILED (from
+    librdkafka and from raykafka's Producer) and no topic is made; the broker's user producing there gets it created."""
     admin = cluster.admin()
     name = "alice-auto"
     bindings = [("User:*", "cluster", "kafka-cluster", "all", "allow"),
@@ -522,6 +522,13 @@ def test_a_user_denied_create_cannot_auto_create_a_topic(cluster, pki):
         producer.produce(name, b"x", on_delivery=lambda err, msg: errors.append(err))
         producer.flush(30)
         assert [e.code() for e in errors] == [ck.KafkaError.TOPIC_AUTHORIZATION_FAILED]
+        assert name not in admin.list_topics()
+        # raykafka's own Producer asks as alice: the same refusal, typed
+        with cluster.producer(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                              sasl_plain_username="alice", sasl_plain_password="alice-secret",
+                              ssl_cafile=pki["ca"]) as own:
+            with pytest.raises(TopicAuthorizationFailedError):
+                own.send(name, b"z")
         assert name not in admin.list_topics()
         ok = ck.Producer({**conf, "sasl.username": "broker", "sasl.password": BROKER_PASSWORD,
                           "sasl.mechanism": "SCRAM-SHA-512"})

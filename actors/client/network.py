@@ -138,6 +138,26 @@ def list_offsets_body(partitions) -> dict:
             "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
 
 
+def topic_metadata(network: "BrokerConnections", broker_ids, topics, *,
+                   allow_auto_create: bool, timeout_s: float) -> tuple[int, dict] | None:
+    """A Metadata request for ``topics`` (names) to the first of ``broker_ids`` that
+    answers within ``timeout_s`` each: ``(broker id, {name: error code})``, None when none
+    answered. With ``allow_auto_create`` a broker whose ``auto.create.topics.enable`` is
+    on creates a topic it does not know (answering LEADER_NOT_AVAILABLE while it is being
+    made), as for Kafka's clients."""
+    body = {"topics": [{"name": t} for t in topics],
+            "allow_auto_topic_creation": allow_auto_create}
+    for broker_id in broker_ids:
+        try:
+            broker_id = int(broker_id)
+            future = network.send(broker_id, wire.METADATA, body)
+            answer = wait_answer(network, broker_id, future, timeout_s, "metadata")
+        except Exception:  # noqa: BLE001 - another broker may answer
+            continue
+        return broker_id, {t["name"]: t["error_code"] for t in answer["topics"]}
+    return None
+
+
 def wait_answer(network: "BrokerConnections", broker_id: int, future, timeout_s: float,
                 what: str, purpose: str = "data") -> dict:
     """The response body of ``future`` (a request to ``broker_id``) within ``timeout_s``;
@@ -221,4 +241,4 @@ class BrokerConnections:
 
 __all__ = ["BrokerConnections", "ProduceOutcome", "FetchOutcome", "broker_error",
            "parse_produce", "parse_fetch", "parse_list_offsets", "fetch_body",
-           "list_offsets_body", "wait_answer"]
+           "list_offsets_body", "topic_metadata", "wait_answer"]

@@ -58,6 +58,7 @@ import numpy as np
 
 from storage.compression import codec_id
 
+from .. import wire
 from ..errors import (IllegalArgumentError, IllegalStateError, InvalidConfigurationError,
                       KafkaTimeoutError, NoBrokersAvailable, RecordTooLargeError,
                       UnknownTopicOrPartitionError, UnsupportedCodecError)
@@ -66,11 +67,15 @@ from .accumulator import (BATCH_OVERHEAD, RECORD_OVERHEAD_MAX, RecordAccumulator
 from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .futures import BatchFuture, FutureRecordMetadata
+from .network import broker_error, topic_metadata
 from .partitioner import Partitioner
 from .retry import RetryPolicy
 from .sender import MAX_IN_FLIGHT_BATCHES, Sender
 
 log = logging.getLogger(__name__)
+
+#: How long a Metadata request asking for a topic's creation waits for each broker.
+METADATA_REQUEST_TIMEOUT_S = 10.0
 
 DEFAULT_CONFIG = {
     "acks": "all",
@@ -91,6 +96,7 @@ DEFAULT_CONFIG = {
     "metadata_max_age_ms": 300000,
     "client_id": None,
     "enable_idempotence": True,      # Kafka 3+'s default (needs acks="all")
+    "allow_auto_create_topics": True,  # ask the brokers to make an unknown topic
     **SECURITY_DEFAULTS,
 }
 
@@ -123,6 +129,10 @@ class Producer:
                     f"enable_idempotence=True needs acks='all', got acks={acks!r}")
             idempotent = False              # Kafka 3.2+: another acks turns it off
         self.idempotent = idempotent
+        self._auto_create = config["allow_auto_create_topics"]
+        if not isinstance(self._auto_create, bool):
+            raise InvalidConfigurationError(
+                f"allow_auto_create_topics must be True or False, got {self._auto_create!r}")
         batch_size = positive_int(config, "batch_size", 1)
         linger_s = positive_int(config, "linger_ms") / 1000.0
         retry = RetryPolicy.from_config(config, deadline_key="delivery_timeout_ms")
@@ -173,8 +183,12 @@ class Producer:
         Like Kafka's producer, waits up to ``max_block_ms`` for metadata while no broker
         answers, or while the answers lack a topic this producer has sent to before (every
         broker restarted, their caches not filled yet); then KafkaTimeoutError. A topic
-        never seen here that the brokers do not know raises UnknownTopicOrPartitionError at
-        once (a typo should not block for a minute)."""
+        the brokers do not know is asked for with a Metadata request that allows its
+        creation (``allow_auto_create_topics``, kafka-python's name; on by default as in
+        Kafka's clients): a broker with ``auto.create.topics.enable`` makes it and this
+        waits for its leaders like for a known topic. Where no broker makes it (creation
+        off, here or on the brokers) UnknownTopicOrPartitionError comes at once (a typo
+        should not block for a minute, as it does in Kafka's producer)."""
         hit = self._partitions.get(topic)
         if hit is not None and time.monotonic() - hit[1] < self._metadata_max_age_s:
             return hit[0]
@@ -186,7 +200,9 @@ class Producer:
             except (NoBrokersAvailable, UnknownTopicOrPartitionError) as exc:
                 if (isinstance(exc, UnknownTopicOrPartitionError)
                         and topic not in self._known_topics):
-                    raise
+                    if not self._ask_to_create(topic):
+                        raise
+                    self._known_topics.add(topic)   # being made: wait for its leaders
                 if time.monotonic() + self._metadata_backoff_s > deadline:
                     raise KafkaTimeoutError(
                         f"no metadata for topic {topic!r} within max_block_ms="
@@ -196,6 +212,32 @@ class Producer:
         self._known_topics.add(topic)
         self._partitions[topic] = (parts, time.monotonic())
         return parts
+
+    def _ask_to_create(self, topic: str) -> bool:
+        """A Metadata request allowing ``topic``'s creation to a live broker: True when a
+        broker has made it or is making it, False when none will (creation off, no broker
+        answered). A name the brokers refuse, or a principal they deny, raises the typed
+        error they answered."""
+        if not self._auto_create:
+            return False
+        snapshot = getattr(self.metadata, "snapshot", None)
+        brokers = list((snapshot() if snapshot is not None else {}).get("brokers") or {})
+        answer = topic_metadata(self._sender.network, brokers, [topic], allow_auto_create=True,
+                                timeout_s=min(self._max_block_s, METADATA_REQUEST_TIMEOUT_S))
+        if answer is None:
+            return False
+        broker_id, codes = answer
+        unknown = wire.ERRORS_BY_NAME["UNKNOWN_TOPIC_OR_PARTITION"].code
+        code = codes.get(topic, unknown)
+        if code == wire.ERRORS_BY_NAME["LEADER_NOT_AVAILABLE"].code:
+            log.info("topic %r is being created by broker %d on first use", topic, broker_id)
+            return True
+        if code == wire.NONE:           # the broker knows it: this client's cache lagged
+            return True
+        if code == unknown:
+            return False
+        raise broker_error(code, f"topic {topic!r}: broker {broker_id} answered "
+                                 f"{wire.ERRORS[code].name}")
 
     def _invalidate(self, topic: str) -> None:
         self._partitions.pop(topic, None)

@@ -93,6 +93,11 @@ class Sender:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="raykafka-producer-sender")
 
+    @property
+    def network(self) -> BrokerConnections:
+        """The connections to the brokers (for a request besides the produces: metadata)."""
+        return self._network
+
     def start(self) -> None:
         self._thread.start()
 

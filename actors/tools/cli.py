@@ -519,11 +519,13 @@ def cmd_produce(args) -> int:
     if args.key_separator == "":
         raise UsageError("--key-separator needs at least one character")
     cluster = connect(args.namespace)
-    cluster.metadata.partitions_for(args.topic)  # unknown topic: a clear error before reading
     sep = args.key_separator.encode() if args.key_separator is not None else None
     total = 0
     line_no = 0
     with cluster.producer(acks=_acks(args.acks), linger_ms=args.linger_ms) as producer:
+        # before reading: an unknown topic is created here (the brokers'
+        # auto.create.topics.enable) or is a clear error, not one after the input is typed
+        producer.partitions_for(args.topic)
         futures = []
         for lines in _stdin_chunks(sys.stdin.buffer, PRODUCE_CHUNK_RECORDS):
             keys = None
