@@ -227,7 +227,13 @@ def _stable(cluster, group: str, members: list[Member], topic: str) -> dict:
         if sorted(map(sorted, given)) != sorted(sorted(m.owned) for m in members):
             return None
         return d
-    return wait_until(check, timeout_s=120, interval_s=0.2, what=f"group {group} stable")
+    def state():
+        d = cluster.admin().describe_group(group)
+        return (f"coordinator: {d['state']} generation {d.get('generation')}, members "
+                f"{ {m: sorted(p for t, p in tps) for m, tps in d['members'].items()} }; "
+                f"the members hold {[(m.kind, sorted(m.owned)) for m in members]}")
+    return wait_until(check, timeout_s=120, interval_s=0.2, what=f"group {group} stable",
+                      detail=state)
 
 
 def _committed(cluster, group: str, topic: str) -> dict:

@@ -160,7 +160,8 @@ def test_unclean_election_elects_a_stale_replica_and_loses_what_it_missed(cluste
         for b in followers:
             cluster.resume_broker(b)
     wait_until(lambda: partition_row(cluster, "unclean")["leader"] in followers, timeout_s=30,
-               what="a stale follower elected")
+               what="a stale follower elected",
+               detail=lambda: partition_story(cluster, "unclean"))
     values = {r.offset: r.value for r in read_committed(cluster, "unclean")}
     assert values.get(meta.offset) != b"only-on-the-leader"
 
