@@ -86,8 +86,8 @@ from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .group import GroupMember
 from .retry import RetryPolicy, final_error
-from .network import (BrokerConnections, fetch_body, list_offsets_body, parse_fetch,
-                      parse_list_offsets, wait_answer)
+from .network import (BrokerConnections, fetch_body, known_broker_ids, list_offsets_body,
+                      parse_fetch, parse_list_offsets, wait_answer)
 from .simple_consumer import next_fetch_offset
 
 ray = raycompat.ray
@@ -380,8 +380,7 @@ class Consumer:
         """``{topic: [partitions]}`` of every topic, for the subscription: a Metadata
         request to a live broker of the cached metadata (Kafka's periodic refresh, no Ray
         call); the brokers' caches through Ray when no listener answers."""
-        snapshot = getattr(self.metadata, "snapshot", None)
-        brokers = list((snapshot() if snapshot is not None else {}).get("brokers") or {})
+        brokers = known_broker_ids(self.metadata)
         timeout_s = min(self.config["request_timeout_ms"] / 1000, METADATA_WAIT_S)
         for broker_id in brokers:
             try:

@@ -138,6 +138,13 @@ def list_offsets_body(partitions) -> dict:
             "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
 
 
+def known_broker_ids(metadata) -> list:
+    """The brokers of ``metadata``'s cached snapshot (none for a metadata that keeps
+    none, as the unit tests' fakes): whom a Metadata request may go to."""
+    snapshot = getattr(metadata, "snapshot", None)
+    return list((snapshot() if snapshot is not None else {}).get("brokers") or {})
+
+
 def topic_metadata(network: "BrokerConnections", broker_ids, topics, *,
                    allow_auto_create: bool, timeout_s: float) -> tuple[int, dict] | None:
     """A Metadata request for ``topics`` (names) to the first of ``broker_ids`` that
@@ -241,4 +248,4 @@ class BrokerConnections:
 
 __all__ = ["BrokerConnections", "ProduceOutcome", "FetchOutcome", "broker_error",
            "parse_produce", "parse_fetch", "parse_list_offsets", "fetch_body",
-           "list_offsets_body", "topic_metadata", "wait_answer"]
+           "known_broker_ids", "list_offsets_body", "topic_metadata", "wait_answer"]

@@ -67,7 +67,7 @@ from .accumulator import (BATCH_OVERHEAD, RECORD_OVERHEAD_MAX, RecordAccumulator
 from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .futures import BatchFuture, FutureRecordMetadata
-from .network import broker_error, topic_metadata
+from .network import broker_error, known_broker_ids, topic_metadata
 from .partitioner import Partitioner
 from .retry import RetryPolicy
 from .sender import MAX_IN_FLIGHT_BATCHES, Sender
@@ -220,8 +220,7 @@ class Producer:
         error they answered."""
         if not self._auto_create:
             return False
-        snapshot = getattr(self.metadata, "snapshot", None)
-        brokers = list((snapshot() if snapshot is not None else {}).get("brokers") or {})
+        brokers = known_broker_ids(self.metadata)
         answer = topic_metadata(self._sender.network, brokers, [topic], allow_auto_create=True,
                                 timeout_s=min(self._max_block_s, METADATA_REQUEST_TIMEOUT_S))
         if answer is None:
