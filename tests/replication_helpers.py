@@ -94,6 +94,19 @@ def partition_row(cluster, topic: str, partition: int = 0) -> dict:
     return cluster.metadata.refresh()["topics"][topic][partition]
 
 
+def zk_partition_state(cluster, topic: str, partition: int = 0) -> L.PartitionState:
+    """The partition's state as the controller wrote it in ZooKeeper: the decision itself,
+    where a broker's metadata cache may still hold the one before (caches receive
+    UpdateMetadata one by one, and a resumed broker's cache lags until its turn)."""
+    zk = zk_client(cluster)
+    try:
+        data = zk.get(L.partition_state_path(topic, partition))[0]
+    finally:
+        zk.stop()
+        zk.close()
+    return L.PartitionState.from_bytes(topic, partition, data)
+
+
 def partition_story(cluster, topic: str, partition: int = 0) -> str:
     """What ZooKeeper holds for the partition (its state, the controller, the registered
     brokers) beside what each live broker's metadata cache says: a failed failover wait

@@ -16,7 +16,7 @@ from cluster_helpers import ray, unique_namespace, wait_until
 from replication_helpers import (CONFIG, LAG_MS, TOPIC_CONFIG, SequenceProducer,
                                  assert_no_acknowledged_loss, disk_bytes_below, leader_of,
                                  partition_row, partition_story, read_committed,
-                                 wait_for_full_isr, wait_replicas_converged)
+                                 wait_for_full_isr, wait_replicas_converged, zk_partition_state)
 from replication_helpers import local_ray  # noqa: F401 - autouse: this module's Ray
 
 
@@ -124,13 +124,18 @@ def test_a_leader_alone_refuses_acks_all_and_stays_offline_without_unclean_elect
             cluster.resume_broker(b)
     wait_until(lambda: partition_row(cluster, "alone")["leader"] == -1, timeout_s=30,
                what="the partition offline")
-    # the stale followers are alive again, but not in sync: the partition stays offline
+    # the stale followers are alive again, but not in sync: the controller keeps the
+    # partition offline (its decision is in ZooKeeper; a resumed broker's cache may still
+    # show the old leader until its UpdateMetadata arrives, so the caches are waited for)
     time_limit = time.monotonic() + 5
     while time.monotonic() < time_limit:
-        assert partition_row(cluster, "alone")["leader"] == -1
+        state = zk_partition_state(cluster, "alone")
+        assert state.leader == -1, partition_story(cluster, "alone")
         time.sleep(0.2)
-    rows = {r["partition"]: r for r in admin.describe_topic("alone")}
-    assert rows[0]["leader"] == -1
+    wait_until(lambda: all(r["leader"] == -1 for r in admin.describe_topic("alone")),
+               timeout_s=15, what="every broker's cache showing the partition offline",
+               detail=lambda: partition_story(cluster, "alone"))
+    assert zk_partition_state(cluster, "alone").leader == -1
 
 
 def test_unclean_election_elects_a_stale_replica_and_loses_what_it_missed(cluster):
