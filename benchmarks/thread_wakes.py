@@ -6,10 +6,12 @@ acks=all, linger 0, a long-polling consumer actor) at each ``--rate``; over the 
 middle of the run (its first and last 2 s left out) every thread of every process of the
 run is read from ``/proc/<pid>/task/<tid>``: its voluntary context switches (each one a
 sleep that something had to end: a socket read, a lock, a condition, a timer) and its
-user + system CPU. They are summed by process kind (broker, leader / follower replica,
+user + system CPU (the kernel's share printed apart) and its minor page faults (each one
+a page the kernel had to map: costly in a VM). They are summed by process kind (broker, leader / follower replica,
 controller, consumer, this driver, Ray's and ZooKeeper's processes) and by thread name,
 which the servers give their threads in the kernel (actors/server/threadnames.py), and
-printed per record: wake-ups per record, CPU per record, CPU per wake-up.
+printed per record: wake-ups per record, CPU per record, CPU per wake-up, the kernel's
+share, page faults per record.
 
 It says which threads a record wakes and what each wake-up costs (docs/dataplane.md,
 "a record's wake-ups, thread by thread"); a rate the machine cannot carry without
@@ -64,7 +66,8 @@ def _kind(pid: int, roles: dict) -> str | None:
 
 
 def snapshot(roles: dict) -> dict:
-    """(pid, tid) -> (kind, thread name, CPU s, voluntary switches) for the run's threads."""
+    """(pid, tid) -> (kind, thread name, CPU s, voluntary switches, system CPU s, minor
+    page faults) for the run's threads."""
     out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -89,7 +92,8 @@ def snapshot(roles: dict) -> dict:
             fields = stat[stat.rindex(")") + 2:].split()
             cpu = (int(fields[11]) + int(fields[12])) / TICK
             switches = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-            out[(pid, int(tid))] = (kind, name, cpu, switches)
+            out[(pid, int(tid))] = (kind, name, cpu, switches, int(fields[12]) / TICK,
+                                    int(fields[7]))
     return out
 
 
@@ -114,29 +118,36 @@ def measure(cluster, topic: str, rate: int, seconds: float) -> dict:
     sampler.join()
     (t0, before), (t1, after) = marks
     records = e2e["e2e_send_rate_records_per_s"] * (t1 - t0)
-    threads = collections.defaultdict(lambda: [0.0, 0])
-    for key, (kind, name, cpu, switches) in after.items():
+    threads = collections.defaultdict(lambda: [0.0, 0, 0.0, 0])
+    for key, (kind, name, cpu, switches, sys_cpu, faults) in after.items():
         if key not in before:
             continue
-        _, _, cpu0, switches0 = before[key]
+        _, _, cpu0, switches0, sys0, faults0 = before[key]
         row = threads[(kind, _thread_kind(name))]
         row[0] += cpu - cpu0
         row[1] += switches - switches0
+        row[2] += sys_cpu - sys0
+        row[3] += faults - faults0
     rows = []
-    for (kind, name), (cpu, wakes) in threads.items():
+    for (kind, name), (cpu, wakes, sys_cpu, faults) in threads.items():
         if wakes == 0 and cpu == 0:
             continue
         rows.append({"process": kind, "thread": name,
                      "wakes_per_record": round(wakes / records, 3),
                      "cpu_ms_per_record": round(cpu / records * 1000, 4),
-                     "cpu_us_per_wake": round(cpu / wakes * 1e6) if wakes else None})
+                     "cpu_us_per_wake": round(cpu / wakes * 1e6) if wakes else None,
+                     "system_share": round(sys_cpu / cpu, 2) if cpu else None,
+                     "faults_per_record": round(faults / records, 2)})
     rows.sort(key=lambda r: -r["cpu_ms_per_record"])
-    total_cpu = sum(cpu for cpu, _ in threads.values())
+    total_cpu = sum(row[0] for row in threads.values())
+    total_sys = sum(row[2] for row in threads.values())
     return {"rate": rate, "records": round(records), "window_s": round(t1 - t0, 2),
             "e2e_p50_ms": e2e.get("e2e_p50_ms"), "e2e_p99_ms": e2e.get("e2e_p99_ms"),
             "cores_busy": round(total_cpu / (t1 - t0), 2),
             "cpu_ms_per_record": round(total_cpu / records * 1000, 3),
-            "wakes_per_record": round(sum(w for _, w in threads.values()) / records, 2),
+            "system_share": round(total_sys / total_cpu, 2) if total_cpu else None,
+            "faults_per_record": round(sum(row[3] for row in threads.values()) / records, 1),
+            "wakes_per_record": round(sum(row[1] for row in threads.values()) / records, 2),
             "threads": [r for r in rows if r["cpu_ms_per_record"] > 0]}
 
 
@@ -157,12 +168,15 @@ def main() -> int:
             r = out[f"rf{a.rf}_{rate}"] = measure(cluster, "wakes", rate, a.seconds)
             say(f"RF={a.rf} at {rate:,} records/s: e2e p50 {r['e2e_p50_ms']} ms, "
                 f"{r['cores_busy']} cores busy, {r['cpu_ms_per_record']} ms of CPU and "
-                f"{r['wakes_per_record']} wake-ups per record (over {r['window_s']} s)")
+                f"{r['wakes_per_record']} wake-ups and {r['faults_per_record']} page faults "
+                f"per record, {r['system_share']:.0%} of the CPU in the kernel "
+                f"(over {r['window_s']} s)")
             say(f"    {'process':17s} {'thread':18s} {'wakes/rec':>9s} {'CPU ms/rec':>10s} "
-                f"{'us/wake':>8s}")
+                f"{'us/wake':>8s} {'kernel':>6s} {'faults/rec':>10s}")
             for t in r["threads"][:a.top]:
                 say(f"    {t['process']:17s} {t['thread']:18s} {t['wakes_per_record']:9.2f} "
-                    f"{t['cpu_ms_per_record']:10.3f} {t['cpu_us_per_wake'] or 0:8d}")
+                    f"{t['cpu_ms_per_record']:10.3f} {t['cpu_us_per_wake'] or 0:8d} "
+                    f"{t['system_share'] or 0:6.0%} {t['faults_per_record']:10.2f}")
         drop_topic(cluster, "wakes", 6 * a.rf)
     print(json.dumps(out))
     return 0

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where a throughput run's CPU goes: ``perf.produce`` (acks=all, 100-byte records, as
 replication_bench's throughput phases) to a 6-partition topic of each replication factor
-asked, with the user and system CPU every process of the machine used meanwhile, summed
-by kind (this client, brokers, leader and follower replicas, Ray's own processes).
+asked, with the user and system CPU and the minor page faults every process of the
+machine had meanwhile, summed by kind (this client, brokers, leader and follower
+replicas, Ray's own processes).
 
 A run is CPU-bound when the total is near 2 x its wall time on this 2-core machine; then
 RF=3 / RF=1 throughput is the ratio of CPU per record (docs/dataplane.md, "what bounds
@@ -51,6 +52,16 @@ def _kind(cmdline: str) -> str:
     return "other"
 
 
+def _minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (every thread's, ended ones included)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2:].split()[7])
+
+
 def _times() -> dict:
     import psutil
     out = {}
@@ -61,7 +72,7 @@ def _times() -> dict:
             continue
         kind = "client" if p.info["pid"] == os.getpid() else \
             _kind(" ".join(p.info["cmdline"] or []))
-        out[p.info["pid"]] = (kind, t.user, t.system)
+        out[p.info["pid"]] = (kind, t.user, t.system, _minor_faults(p.info["pid"]))
     return out
 
 
@@ -115,12 +126,14 @@ def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 
             else (time.sleep(3.0) or {})
         wall, after = time.perf_counter() - t0, _times()
     cpu = collections.defaultdict(lambda: [0.0, 0.0])
-    for pid, (kind, user, system) in after.items():
-        _, user0, system0 = before.get(pid, (kind, 0.0, 0.0))
+    faults = collections.defaultdict(int)
+    for pid, (kind, user, system, minflt) in after.items():
+        _, user0, system0, minflt0 = before.get(pid, (kind, 0.0, 0.0, 0))
         if kind == "replica":
             kind = f"{roles.get(pid, 'other')} replicas"
         cpu[kind][0] += user - user0
         cpu[kind][1] += system - system0
+        faults[kind] += minflt - minflt0
     total = sum(u + s for u, s in cpu.values())
     per_record = {k: round((u + s) / records * 1000, 4) for k, (u, s) in cpu.items()} \
         if records else {}
@@ -129,6 +142,7 @@ def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 
             "records_per_s": result.get("records_per_s"), "wall_s": round(wall, 3),
             "cpu_s": {k: {"user": round(u, 3), "system": round(s, 3)}
                       for k, (u, s) in sorted(cpu.items())},
+            "minor_faults": dict(sorted(faults.items())),
             "cpu_total_s": round(total, 3), "cores_busy": round(total / wall, 2)}
 
 
@@ -156,7 +170,8 @@ def main() -> int:
                     + (f", e2e p50 {r.get('e2e_p50_ms')} ms" if rate else ""))
                 for kind, c in r["cpu_s"].items():
                     per = r["cpu_ms_per_record"].get(kind)
-                    say(f"    {kind:20s} user {c['user']:6.2f}  system {c['system']:6.2f}"
+                    say(f"    {kind:20s} user {c['user']:6.2f}  system {c['system']:6.2f}  "
+                        f"page faults {r['minor_faults'].get(kind, 0):9,d}"
                         + (f"  {per:.3f} ms/record" if per is not None else ""))
             drop_topic(cluster, name, 6 * rf)
     print(json.dumps(out))

@@ -98,7 +98,7 @@ def test_start_writes_a_ready_state_file_and_status_reports_the_brokers(daemon):
 def test_start_config_sets_broker_settings_that_topic_auto_creation_uses(daemon):
     """`start --config num.partitions=2` (the module's daemon) reaches the brokers: kcat
     and `raykafka produce` producing to a topic nobody created get it made with 2
-    partitions; a bad setting is a one-line typed error before anything starts."""
+    partitions (`produce` with no input makes none); a bad setting is a one-line typed error before anything starts."""
     if shutil.which("kcat") is None:
         pytest.skip("kcat is not installed (apt-get install -y kcat)")
     bootstrap = cli(daemon, "status", "--bootstrap").stdout.decode().strip()
@@ -116,6 +116,11 @@ def test_start_config_sets_broker_settings_that_topic_auto_creation_uses(daemon)
     assert sorted(consumed.stdout.decode().split()) == ["a", "b"], consumed.stderr.decode()
     assert "\tPartitionCount: 2\t" in cli(daemon, "topics", "describe",
                                           "cli-auto-own").stdout.decode()
+    # no input, no topic (the first line sent makes it, as with Kafka's console producer)
+    produced = cli(daemon, "produce", "cli-auto-none", stdin=b"")
+    assert produced.returncode == 0, produced.stderr.decode()
+    assert "produced 0 records" in produced.stderr.decode()
+    assert "cli-auto-none" not in cli(daemon, "topics", "list").stdout.decode().split()
     assert_one_line_error(cli(daemon, "start", "--config", "auto.create.topics.enable=maybe"),
                           1, "auto.create.topics.enable must be true or false")
 

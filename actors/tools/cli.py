@@ -522,10 +522,8 @@ def cmd_produce(args) -> int:
     sep = args.key_separator.encode() if args.key_separator is not None else None
     total = 0
     line_no = 0
+    _check_topic_to_produce(cluster, args.topic)
     with cluster.producer(acks=_acks(args.acks), linger_ms=args.linger_ms) as producer:
-        # before reading: an unknown topic is created here (the brokers'
-        # auto.create.topics.enable) or is a clear error, not one after the input is typed
-        producer.partitions_for(args.topic)
         futures = []
         for lines in _stdin_chunks(sys.stdin.buffer, PRODUCE_CHUNK_RECORDS):
             keys = None
@@ -551,6 +549,22 @@ def cmd_produce(args) -> int:
             f.wait(timeout=120)
     _err(f"produced {total} records to {args.topic}")
     return 0
+
+
+def _check_topic_to_produce(cluster, topic: str) -> None:
+    """Before stdin is read: a topic the brokers do not know is made by the first line
+    sent (the producer asks for it, as Kafka's console producer does: no input, no
+    topic), unless the cluster's auto.create.topics.enable is false; then the error comes
+    now, not after the input is typed."""
+    from ..errors import UnknownTopicOrPartitionError
+    try:
+        cluster.metadata.partitions_for(topic)
+    except UnknownTopicOrPartitionError:
+        if str(cluster.config.get("auto.create.topics.enable", "true")).lower() == "false":
+            raise UnknownTopicOrPartitionError(
+                f"unknown topic {topic!r}, and the cluster does not create topics on first "
+                f"use (auto.create.topics.enable=false): `raykafka topics create` it "
+                f"first") from None
 
 
 def _acks(text: str):
