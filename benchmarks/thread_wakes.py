@@ -7,10 +7,10 @@ middle of the run (its first and last 2 s left out) every thread of every proces
 run is read from ``/proc/<pid>/task/<tid>``: its voluntary context switches (each one a
 sleep that something had to end: a socket read, a lock, a condition, a timer) and its
 user + system CPU (the kernel's share printed apart) and its minor page faults (each one
-a page the kernel had to map: costly in a VM). They are summed by process kind (broker, leader / follower replica,
-controller, consumer, this driver, Ray's and ZooKeeper's processes) and by thread name,
-which the servers give their threads in the kernel (actors/server/threadnames.py), and
-printed per record: wake-ups per record, CPU per record, CPU per wake-up, the kernel's
+a page the kernel had to map: costly in a VM). They are summed by process kind (broker,
+leader / follower replica, controller, consumer, this driver, Ray's and ZooKeeper's
+processes) and by thread name, which the servers give their threads in the kernel
+(actors/server/threadnames.py), and printed per record: wake-ups per record, CPU per record, CPU per wake-up, the kernel's
 share, page faults per record.
 
 It says which threads a record wakes and what each wake-up costs (docs/dataplane.md,

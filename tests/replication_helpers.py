@@ -94,16 +94,12 @@ def partition_row(cluster, topic: str, partition: int = 0) -> dict:
     return cluster.metadata.refresh()["topics"][topic][partition]
 
 
-def zk_partition_state(cluster, topic: str, partition: int = 0) -> L.PartitionState:
-    """The partition's state as the controller wrote it in ZooKeeper: the decision itself,
-    where a broker's metadata cache may still hold the one before (caches receive
-    UpdateMetadata one by one, and a resumed broker's cache lags until its turn)."""
-    zk = zk_client(cluster)
-    try:
-        data = zk.get(L.partition_state_path(topic, partition))[0]
-    finally:
-        zk.stop()
-        zk.close()
+def zk_partition_state(zk, topic: str, partition: int = 0) -> L.PartitionState:
+    """The partition's state as the controller wrote it in ZooKeeper (``zk``: a client of
+    ``zk_client(cluster)``): the decision itself, where a broker's metadata cache may
+    still hold the one before (caches receive UpdateMetadata one by one, and a resumed
+    broker's cache lags until its turn)."""
+    data = zk.get(L.partition_state_path(topic, partition))[0]
     return L.PartitionState.from_bytes(topic, partition, data)
 
 

@@ -98,7 +98,8 @@ def test_start_writes_a_ready_state_file_and_status_reports_the_brokers(daemon):
 def test_start_config_sets_broker_settings_that_topic_auto_creation_uses(daemon):
     """`start --config num.partitions=2` (the module's daemon) reaches the brokers: kcat
     and `raykafka produce` producing to a topic nobody created get it made with 2
-    partitions (`produce` with no input makes none); a bad setting is a one-line typed error before anything starts."""
+    partitions (`produce` with no input makes none); a bad setting is a one-line typed
+    error before anything starts."""
     if shutil.which("kcat") is None:
         pytest.skip("kcat is not installed (apt-get install -y kcat)")
     bootstrap = cli(daemon, "status", "--bootstrap").stdout.decode().strip()

@@ -12,7 +12,7 @@ from kazoo.client import KazooClient
 
 from actors import Cluster
 from actors.errors import NotEnoughReplicasError
-from cluster_helpers import ray, unique_namespace, wait_until
+from cluster_helpers import ray, unique_namespace, wait_until, zk_client
 from replication_helpers import (CONFIG, LAG_MS, TOPIC_CONFIG, SequenceProducer,
                                  assert_no_acknowledged_loss, disk_bytes_below, leader_of,
                                  partition_row, partition_story, read_committed,
@@ -127,15 +127,20 @@ def test_a_leader_alone_refuses_acks_all_and_stays_offline_without_unclean_elect
     # the stale followers are alive again, but not in sync: the controller keeps the
     # partition offline (its decision is in ZooKeeper; a resumed broker's cache may still
     # show the old leader until its UpdateMetadata arrives, so the caches are waited for)
-    time_limit = time.monotonic() + 5
-    while time.monotonic() < time_limit:
-        state = zk_partition_state(cluster, "alone")
-        assert state.leader == -1, partition_story(cluster, "alone")
-        time.sleep(0.2)
-    wait_until(lambda: all(r["leader"] == -1 for r in admin.describe_topic("alone")),
-               timeout_s=15, what="every broker's cache showing the partition offline",
-               detail=lambda: partition_story(cluster, "alone"))
-    assert zk_partition_state(cluster, "alone").leader == -1
+    zk = zk_client(cluster)
+    try:
+        time_limit = time.monotonic() + 5
+        while time.monotonic() < time_limit:
+            state = zk_partition_state(zk, "alone")
+            assert state.leader == -1, partition_story(cluster, "alone")
+            time.sleep(0.2)
+        wait_until(lambda: all(r["leader"] == -1 for r in admin.describe_topic("alone")),
+                   timeout_s=15, what="the brokers' metadata showing the partition offline",
+                   detail=lambda: partition_story(cluster, "alone"))
+        assert zk_partition_state(zk, "alone").leader == -1
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def test_unclean_election_elects_a_stale_replica_and_loses_what_it_missed(cluster):

@@ -560,7 +560,8 @@ def _check_topic_to_produce(cluster, topic: str) -> None:
     try:
         cluster.metadata.partitions_for(topic)
     except UnknownTopicOrPartitionError:
-        if str(cluster.config.get("auto.create.topics.enable", "true")).lower() == "false":
+        # Cluster.start keeps the setting as "true" or "false" (actors/cluster.py)
+        if cluster.config.get("auto.create.topics.enable") == "false":
             raise UnknownTopicOrPartitionError(
                 f"unknown topic {topic!r}, and the cluster does not create topics on first "
                 f"use (auto.create.topics.enable=false): `raykafka topics create` it "
