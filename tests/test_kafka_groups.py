@@ -17,6 +17,7 @@ import time
 import pytest
 
 from actors import Cluster, wire
+from actors.errors import IllegalGenerationError, RebalanceInProgressError, UnknownMemberIdError
 from tests.cluster_helpers import (FAST_CONFIG, kafka_python_subscribe,  # noqa: F401
                                    local_ray, unique_namespace, wait_topic_on_every_broker,
                                    wait_until)
@@ -30,6 +31,10 @@ CONFIG = {**FAST_CONFIG, "group.initial.rebalance.delay.ms": 0,
           "offsets.topic.num.partitions": 3, "offsets.topic.replication.factor": 1,
           "group.min.session.timeout.ms": 3000}
 _names = (f"g{i}" for i in itertools.count())
+#: confluent-kafka's answers to a commit that a rebalance refused.
+_CONFLUENT_REBALANCE_CODES = {ck.KafkaError.REBALANCE_IN_PROGRESS,
+                              ck.KafkaError.ILLEGAL_GENERATION,
+                              ck.KafkaError.UNKNOWN_MEMBER_ID}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +76,10 @@ class Member:
     """One consumer of one client polling in a thread of its own (a rebalance needs every
     member to poll): ``records`` [(partition, offset, value)], ``owned`` its assignment
     after its last poll; ``commit=True`` commits synchronously after every poll with
-    records."""
+    records. A commit the group refuses because it rebalances (the client may refuse it
+    itself, as kafka-python does once a heartbeat has said so) is what Kafka's consumer
+    docs tell an application to retry: poll again (that rejoins), then commit again; so
+    it is retried after every poll until one is taken."""
 
     def __init__(self, kind: str, cluster, group: str, topic: str, *,
                  strategy: str = "range", commit: bool = False, instance_id: str | None = None,
@@ -81,6 +89,8 @@ class Member:
         self.session_timeout_ms = session_timeout_ms
         self.records: list = []
         self.owned: set = set()
+        self.refused_commits = 0                 # commits a rebalance refused, retried
+        self._commit_due = False
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._started = threading.Event()
@@ -99,6 +109,16 @@ class Member:
         self._thread.join(60)
         assert not self._thread.is_alive(), f"{self.kind} did not stop"
         assert self.error is None, self.error
+
+    def _should_commit(self, got) -> bool:
+        self._commit_due = self.commit and (self._commit_due or bool(got))
+        return self._commit_due
+
+    def _committed(self, refused: bool) -> None:
+        """After a commit: taken, or refused by a rebalance (then due after the next
+        poll)."""
+        self._commit_due = refused
+        self.refused_commits += refused
 
     def _run(self) -> None:
         try:
@@ -122,8 +142,18 @@ class Member:
                 got = [m for m in consumer.consume(500, 0.2) if m.error() is None]
                 self.records += [(m.partition(), m.offset(), m.value()) for m in got]
                 self.owned = {tp.partition for tp in consumer.assignment()}
-                if got and self.commit:
-                    consumer.commit(asynchronous=False)
+                if self._should_commit(got):
+                    try:
+                        consumer.commit(asynchronous=False)
+                        self._committed(False)
+                    except ck.KafkaException as exc:
+                        code = exc.args[0].code()
+                        if code == ck.KafkaError._NO_OFFSET:      # nothing new to commit
+                            self._committed(False)
+                        elif code in _CONFLUENT_REBALANCE_CODES:
+                            self._committed(True)
+                        else:
+                            raise
         finally:
             consumer.close()
 
@@ -147,8 +177,15 @@ class Member:
                 for tp, msgs in got.items():
                     self.records += [(tp.partition, m.offset, m.value) for m in msgs]
                 self.owned = {tp.partition for tp in consumer.assignment()}
-                if got and self.commit:
-                    consumer.commit()
+                if self._should_commit(got):
+                    try:
+                        consumer.commit()
+                        self._committed(False)
+                    except (kafka.errors.CommitFailedError,
+                            kafka.errors.RebalanceInProgressError,
+                            kafka.errors.IllegalGenerationError,
+                            kafka.errors.UnknownMemberIdError):
+                        self._committed(True)
         finally:
             consumer.close()
 
@@ -173,8 +210,15 @@ class Member:
                 for tp, msgs in got.items():
                     self.records += [(tp.partition, m.offset, m.value) for m in msgs]
                 self.owned = {tp.partition for tp in consumer.assignment()}
-                if got and self.commit:
-                    await consumer.commit()
+                if self._should_commit(got):
+                    try:
+                        await consumer.commit()
+                        self._committed(False)
+                    except (aiokafka.errors.CommitFailedError,
+                            aiokafka.errors.RebalanceInProgressError,
+                            aiokafka.errors.IllegalGenerationError,
+                            aiokafka.errors.UnknownMemberIdError):
+                        self._committed(True)
         finally:
             await consumer.stop()
 
@@ -190,8 +234,13 @@ class Member:
                 for (_, p), recs in got.items():
                     self.records += [(p, r.offset, r.value) for r in recs]
                 self.owned = {p for _, p in consumer.assignment()}
-                if got and self.commit:
-                    consumer.commit()
+                if self._should_commit(got):
+                    try:
+                        consumer.commit()
+                        self._committed(False)
+                    except (RebalanceInProgressError, IllegalGenerationError,
+                            UnknownMemberIdError):
+                        self._committed(True)
         finally:
             consumer.close()
 
@@ -320,7 +369,9 @@ def test_two_clients_share_a_group_and_a_restart_resumes_from_their_commits(clus
         assert a.owned and b.owned and not a.owned & b.owned
         wait_until(lambda: _committed(cluster, group, topic) == {p: 50 for p in
                                                                   range(PARTITIONS)},
-                   timeout_s=90, interval_s=0.5, what="every record committed")
+                   timeout_s=90, interval_s=0.5, what="every record committed",
+                   detail=lambda: f"commits a rebalance refused: {a.kind} "
+                                  f"{a.refused_commits}, {b.kind} {b.refused_commits}")
         seen = {(p, o) for p, o, _ in a.records + b.records}
         assert seen == {(p, o) for p in range(PARTITIONS) for o in range(50)}
     finally:
