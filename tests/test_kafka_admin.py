@@ -30,9 +30,19 @@ _names = (f"adm-{i}" for i in itertools.count())
 local_ray = cluster_helpers.local_ray          # the module's private Ray (a fixture)
 
 
+#: A consumer given a group id (for watermarks and offsets_for_times) makes the brokers
+#: create __consumer_offsets; at the default 6 partitions x 3 replicas that is 18 replica
+#: actors starting (about 15 s of this machine's 2 cores), and the controller's requests to
+#: each broker wait behind that LeaderAndIsr (one in flight per broker, as Kafka's): a topic
+#: deletion asked meanwhile took 15-19 s (the 30 s operation timeout was passed on a slow
+#: machine). One replica is what these tests need of it.
+CONFIG = {**FAST_CONFIG, "offsets.topic.num.partitions": 1,
+          "offsets.topic.replication.factor": 1}
+
+
 @pytest.fixture(scope="module")
 def cluster(local_ray):
-    c = Cluster.start(3, namespace=unique_namespace("kadmin"), config=dict(FAST_CONFIG))
+    c = Cluster.start(3, namespace=unique_namespace("kadmin"), config=dict(CONFIG))
     yield c
     c.shutdown()
 
