@@ -37,6 +37,24 @@ _CONFLUENT_REBALANCE_CODES = {ck.KafkaError.REBALANCE_IN_PROGRESS,
                               ck.KafkaError.UNKNOWN_MEMBER_ID}
 
 
+class _ConfluentRefused(Exception):
+    """A confluent-kafka commit that a rebalance refused (one of the codes above)."""
+
+
+def _confluent_commit(consumer) -> None:
+    """confluent-kafka's synchronous commit, its refusals by a rebalance raised as
+    ``_ConfluentRefused``; nothing new to commit is not an error."""
+    try:
+        consumer.commit(asynchronous=False)
+    except ck.KafkaException as exc:
+        code = exc.args[0].code()
+        if code == ck.KafkaError._NO_OFFSET:
+            return
+        if code in _CONFLUENT_REBALANCE_CODES:
+            raise _ConfluentRefused(code) from exc
+        raise
+
+
 @pytest.fixture(scope="module")
 def cluster(local_ray):  # noqa: F811
     c = Cluster.start(3, namespace=unique_namespace("kgroups"), config=dict(CONFIG))
@@ -120,6 +138,16 @@ class Member:
         self._commit_due = refused
         self.refused_commits += refused
 
+    def _commit_sync(self, commit, refused: tuple) -> None:
+        """One synchronous ``commit()``: taken, or refused by a rebalance (an instance of
+        ``refused``: due again after the next poll); any other error is raised."""
+        try:
+            commit()
+        except refused:
+            self._committed(True)
+        else:
+            self._committed(False)
+
     def _run(self) -> None:
         try:
             getattr(self, "_run_" + self.kind.replace("-", "_"))()
@@ -143,17 +171,7 @@ class Member:
                 self.records += [(m.partition(), m.offset(), m.value()) for m in got]
                 self.owned = {tp.partition for tp in consumer.assignment()}
                 if self._should_commit(got):
-                    try:
-                        consumer.commit(asynchronous=False)
-                        self._committed(False)
-                    except ck.KafkaException as exc:
-                        code = exc.args[0].code()
-                        if code == ck.KafkaError._NO_OFFSET:      # nothing new to commit
-                            self._committed(False)
-                        elif code in _CONFLUENT_REBALANCE_CODES:
-                            self._committed(True)
-                        else:
-                            raise
+                    self._commit_sync(lambda: _confluent_commit(consumer), (_ConfluentRefused,))
         finally:
             consumer.close()
 
@@ -178,14 +196,9 @@ class Member:
                     self.records += [(tp.partition, m.offset, m.value) for m in msgs]
                 self.owned = {tp.partition for tp in consumer.assignment()}
                 if self._should_commit(got):
-                    try:
-                        consumer.commit()
-                        self._committed(False)
-                    except (kafka.errors.CommitFailedError,
-                            kafka.errors.RebalanceInProgressError,
-                            kafka.errors.IllegalGenerationError,
-                            kafka.errors.UnknownMemberIdError):
-                        self._committed(True)
+                    self._commit_sync(consumer.commit, (
+                        kafka.errors.CommitFailedError, kafka.errors.RebalanceInProgressError,
+                        kafka.errors.IllegalGenerationError, kafka.errors.UnknownMemberIdError))
         finally:
             consumer.close()
 
@@ -235,12 +248,8 @@ class Member:
                     self.records += [(p, r.offset, r.value) for r in recs]
                 self.owned = {p for _, p in consumer.assignment()}
                 if self._should_commit(got):
-                    try:
-                        consumer.commit()
-                        self._committed(False)
-                    except (RebalanceInProgressError, IllegalGenerationError,
-                            UnknownMemberIdError):
-                        self._committed(True)
+                    self._commit_sync(consumer.commit, (
+                        RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError))
         finally:
             consumer.close()
 
