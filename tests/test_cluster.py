@@ -462,6 +462,41 @@ def test_the_producer_makes_an_unknown_topic_on_first_send_unless_told_not_to(cl
     admin.delete_topic("made-on-send")
 
 
+def test_a_subscribing_consumer_makes_an_unknown_topic_unless_told_not_to(cluster, zk):
+    """raykafka's Consumer asks the brokers to create a subscribed topic nobody made
+    (Kafka's consumer, allow.auto.create.topics; kafka-python's allow_auto_create_topics
+    name): its poll makes the topic, which then takes records the consumer reads; with the
+    setting off nothing is made; a bad name is the brokers' InvalidTopicError."""
+    admin = cluster.admin()
+    with cluster.consumer(allow_auto_create_topics=False) as consumer:
+        consumer.subscribe(["not-made-by-poll"])
+        consumer.poll(timeout_ms=1500)
+    assert "not-made-by-poll" not in admin.list_topics()
+    assert zk.exists("/brokers/topics/not-made-by-poll") is None
+    with cluster.consumer(auto_offset_reset="earliest") as consumer:
+        consumer.subscribe(["made-on-poll"])
+        deadline = time.monotonic() + 60
+        while "made-on-poll" not in admin.list_topics():
+            assert time.monotonic() < deadline, "the subscription's poll made no topic"
+            consumer.poll(timeout_ms=200)
+        with cluster.producer() as producer:   # the topic is made: the brokers may lag
+            producer.send("made-on-poll", b"after").get(timeout=60)
+        got = []
+        while not got:
+            assert time.monotonic() < deadline, "the made topic's record never came"
+            got = [r.value for rs in consumer.poll(timeout_ms=500).values() for r in rs]
+        assert got == [b"after"]
+    assert len(admin.describe_topic("made-on-poll")) == 1       # num.partitions (1)
+    with cluster.consumer() as consumer:
+        with pytest.raises(InvalidTopicError):          # group-less: subscribe assigns
+            consumer.subscribe(["bad name"])
+        with pytest.raises(InvalidTopicError):          # and every poll says it again
+            consumer.poll(timeout_ms=500)
+    with pytest.raises(InvalidConfigurationError, match="allow_auto_create_topics"):
+        cluster.consumer(allow_auto_create_topics=1)
+    admin.delete_topic("made-on-poll")
+
+
 def test_create_partitions_grows_a_topic_whose_new_partitions_take_records(cluster, zk):
     """Admin.create_partitions: the topic's assignment in ZooKeeper grows with the topic's
     replication factor, every broker's metadata shows the new partitions with leaders when

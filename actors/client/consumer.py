@@ -86,8 +86,9 @@ from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .group import GroupMember
 from .retry import RetryPolicy, final_error
-from .network import (BrokerConnections, fetch_body, known_broker_ids, list_offsets_body,
-                      parse_fetch, parse_list_offsets, wait_answer)
+from .network import (BrokerConnections, broker_error, fetch_body, known_broker_ids,
+                      list_offsets_body, parse_fetch, parse_list_offsets, topic_metadata,
+                      wait_answer)
 from .simple_consumer import next_fetch_offset
 
 ray = raycompat.ray
@@ -127,6 +128,7 @@ DEFAULTS = {
     # default is 5 minutes; 1 s here. Re-reading at every poll asked every broker each time
     # (the member actors' poll spent 60% of its time there)
     "metadata_max_age_ms": 1000,
+    "allow_auto_create_topics": True,  # a subscribed topic nobody made: brokers may make it
     "consumer_timeout_ms": float("inf"),
     "request_timeout_ms": 30000,
     "retries": 2147483647,            # bounded by default_api_timeout_ms, as Kafka's
@@ -213,7 +215,7 @@ class Consumer:
             raise InvalidConfigurationError(
                 f"offsets_storage must be 'kafka' or 'zookeeper', got "
                 f"{self.config['offsets_storage']!r}")
-        for key in ("dual_commit", "zookeeper_registry"):
+        for key in ("dual_commit", "zookeeper_registry", "allow_auto_create_topics"):
             if not isinstance(self.config[key], bool):
                 raise InvalidConfigurationError(f"{key} must be a bool, got "
                                                 f"{self.config[key]!r}")
@@ -357,8 +359,12 @@ class Consumer:
         if not self._subscribed():
             return
         self._subscription_read_at = time.monotonic()
-        if self._group is not None:
+        try:
             topics = self._read_topics()
+        except Exception:
+            self._subscription_read_at = None     # a refused name: every poll says it again
+            raise
+        if self._group is not None:
             matching = self._matching_topics(topics)
             if matching != self._group_topics:
                 self._rejoin.set()        # a new matching topic: the group assigns it
@@ -372,7 +378,6 @@ class Consumer:
                 if grown:
                     self._rejoin.set()
             return
-        topics = self._read_topics()
         tps = [(t, p) for t in self._matching_topics(topics) for p in sorted(topics[t])]
         self._set_assignment(tps)
 
@@ -391,10 +396,39 @@ class Consumer:
                 body = wait_answer(self._network, broker_id, future, timeout_s, "metadata")
             except Exception:  # noqa: BLE001 - another broker, or the Ray path, answers
                 continue
-            return {t["name"]: sorted(p["partition_index"] for p in t["partitions"])
-                    for t in body["topics"] if t["error_code"] == 0 and t["name"]}
+            topics = {t["name"]: sorted(p["partition_index"] for p in t["partitions"])
+                      for t in body["topics"] if t["error_code"] == 0 and t["name"]}
+            self._ask_to_create(sorted(self._subscription - topics.keys()), timeout_s)
+            return topics
         topics = self.metadata.refresh().get("topics", {})
         return {t: sorted(int(p) for p in parts) for t, parts in topics.items()}
+
+    def _ask_to_create(self, missing: list[str], timeout_s: float) -> None:
+        """A Metadata request naming the subscribed topics the listing lacks, allowing
+        their creation (``allow_auto_create_topics``, on by default as in Kafka's
+        consumer): a broker with ``auto.create.topics.enable`` makes them, and a later
+        refresh finds them with their leaders. Nothing is asked for a pattern (as Kafka's
+        consumer, which lists topics for one). A name the brokers refuse or a principal
+        they deny raises their typed error (InvalidTopicError,
+        TopicAuthorizationFailedError) from ``poll`` as Kafka's consumer does (and from
+        ``subscribe`` without a group, which reads its topics there)."""
+        if not missing or not self.config["allow_auto_create_topics"]:
+            return
+        answer = topic_metadata(self._network, known_broker_ids(self.metadata), missing,
+                                allow_auto_create=True, timeout_s=timeout_s)
+        if answer is None:
+            return
+        broker_id, codes = answer
+        quiet = (wire.NONE, wire.ERRORS_BY_NAME["LEADER_NOT_AVAILABLE"].code,
+                 wire.ERRORS_BY_NAME["UNKNOWN_TOPIC_OR_PARTITION"].code)
+        for topic in missing:
+            code = codes.get(topic, wire.NONE)
+            if code == wire.ERRORS_BY_NAME["LEADER_NOT_AVAILABLE"].code:
+                log.info("subscribed topic %r is being created by broker %d on first use",
+                         topic, broker_id)
+            elif code not in quiet:
+                raise broker_error(code, f"subscribed topic {topic!r}: broker {broker_id} "
+                                         f"answered {wire.ERRORS[code].name}")
 
     # -- the group --------------------------------------------------------------------------------
     def _ensure_group(self) -> None:
