@@ -50,9 +50,12 @@ def test_a_bad_plan_file_is_one_line_and_non_zero(tmp_path, body, code, needle):
     (("elect-leaders", "--topic", "bad name"), 1, "InvalidTopicError"),
     (("elect-leaders", "--topic"), 2, "expected one argument"),
     (("elect-leaders", "extra"), 2, "unrecognized arguments"),
+    (("produce", "t", "--linger-ms", "-1"), 2, "argument --linger-ms: expected a number >= 0"),
+    (("consume", "t", "--max-messages", "0"), 2, "argument --max-messages"),
 ])
 def test_wrong_arguments_are_one_line_and_non_zero(tmp_path, args, code, needle):
-    """Missing or extra arguments, a bad --timeout and a bad --topic are one-line errors."""
+    """Missing or extra arguments, a bad count or --timeout and a bad --topic are one-line
+    errors, before any cluster is looked for."""
     out = run_cli(str(tmp_path / "state"), *args, "--namespace", "nothing-here", timeout=120)
     assert_one_line_error(out, code, needle)
 

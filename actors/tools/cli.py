@@ -1065,22 +1065,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("topic")
     s.add_argument("--key-separator", default=None, metavar="S",
                    help="each line is key<S>value")
-    s.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
-    s.add_argument("--linger-ms", type=int, default=5)
+    s.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"],
+                   help="acknowledgement each send waits for (default all: every in-sync "
+                        "replica)")
+    s.add_argument("--linger-ms", type=_non_negative_int, default=5, metavar="MS",
+                   help="how long a batch waits for more lines (default 5)")
 
     s = cmd(sub, "consume", cmd_consume, "print a topic's records")
     s.add_argument("topic")
-    s.add_argument("--group", default=None)
-    s.add_argument("--from-beginning", action="store_true")
+    s.add_argument("--group", default=None,
+                   help="read as a member of this consumer group (its share of the "
+                        "partitions, from its committed offsets, committing as it goes)")
+    s.add_argument("--from-beginning", action="store_true",
+                   help="start at the earliest offset (with --group: where the group has "
+                        "no committed offset) instead of the end")
     s.add_argument("--partition", type=_non_negative_int, default=None, metavar="P",
                    help="read only this partition")
     s.add_argument("--offset", type=_start_offset, default=None, metavar="O",
                    help="with --partition: start at this offset, 'earliest' or 'latest' "
                         "(the default)")
-    s.add_argument("--max-messages", type=_positive_int, default=None)
+    s.add_argument("--max-messages", type=_positive_int, default=None, metavar="N",
+                   help="exit after printing N records")
     s.add_argument("--timeout-ms", type=_positive_int, default=None,
                    help="exit after this long without a new record")
-    s.add_argument("--print-key", action="store_true")
+    s.add_argument("--print-key", action="store_true",
+                   help="print each record's key before its value")
     s.add_argument("--key-separator", default=None, help="between key and value (default tab)")
 
     groups = sub.add_parser("groups", help="consumer groups: list, describe (lag)",
