@@ -33,11 +33,6 @@ class _Lookup:
         self.addresses_asked += 1
         return handle.channel_address()
 
-    def list_offset(self, handle, timestamp):
-        raise AssertionError("not used here")
-
-    def end_offset_for_epoch(self, handle, leader_epoch):
-        return handle.offsets_for_leader_epoch(leader_epoch)
 
 
 @pytest.fixture
@@ -89,7 +84,8 @@ def test_own_endpoint_is_listed_before_the_controller_says_so(setup):
 
 
 def test_produce_and_fetch_go_over_one_cached_channel(setup):
-    """Appends and reads reach the leader replica through its channel, opened once."""
+    """Appends, reads, ListOffsets and OffsetForLeaderEpoch reach the leader replica
+    through its channel, opened once (the lookup has no Ray-call way for the last two)."""
     backend, lookup, leader, _, _ = setup
     for i in range(3):
         result = wait(backend.append("t", 0, memoryview(build([b"r%d" % i])), acks=-1,
@@ -98,9 +94,11 @@ def test_produce_and_fetch_go_over_one_cached_channel(setup):
     got = backend.read("t", 0, 0, 1 << 20, replica_id=-1, isolation_level=0)
     assert [r.value for r in decode_records(got.data)] == [b"r0", b"r1", b"r2"]
     assert (got.high_watermark, got.log_start_offset) == (3, 0)
-    assert lookup.addresses_asked == 1
     assert backend.leader_epoch("t", 0) == 3
     assert backend.end_offset_for_epoch("t", 0, 3).end_offset == 3
+    assert backend.list_offset("t", 0, -1, isolation_level=0) == (-1, 3)
+    assert backend.list_offset("t", 0, -2, isolation_level=0) == (-1, 0)
+    assert lookup.addresses_asked == 1      # ListOffsets, OffsetForLeaderEpoch: same channel
 
 
 def test_partitions_not_led_here_answer_not_leader_or_unknown(setup):

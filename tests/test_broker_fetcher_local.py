@@ -35,11 +35,6 @@ class _Lookup:
     def channel_address(self, handle):
         return handle.channel_address()
 
-    def list_offset(self, handle, timestamp):
-        raise AssertionError("not used here")
-
-    def end_offset_for_epoch(self, handle, leader_epoch):
-        return handle.offsets_for_leader_epoch(leader_epoch)
 
 
 class _Local:

@@ -76,6 +76,37 @@ def test_produce_and_fetch_through_the_channel_answer_what_the_replica_answers(l
         chan.close()
 
 
+def test_list_offsets_and_epoch_end_offsets_over_the_channel_answer_as_the_replica(tmp_path):
+    """ListOffsets (latest is the HW, earliest the log start, a timestamp its first
+    record) and OffsetForLeaderEpoch go over the channel with the replica's answers; a
+    replica that leads no more answers NotLeaderForPartitionError."""
+    replica = PartitionReplica("chan", 0, 0, str(tmp_path), {})
+    replica.become_leader(0, [0, 1], [0, 1])
+    chan = ReplicaChannel(replica.channel_address())
+    try:
+        wait(chan.produce(build([b"a", b"b"], timestamps=[1000, 1000]), acks=1), 5)
+        replica.become_leader(2, [0, 1], [0, 1])
+        wait(chan.produce(build([b"c"], timestamps=[2000]), acks=1), 5)
+        replica.follower_fetched(1, 2, 2)                 # the HW moves to 2, not 3
+        assert wait(chan.list_offset(-1), 5) == (-1, 2)
+        assert wait(chan.list_offset(-2), 5) == (-1, 0)
+        assert wait(chan.list_offset(1000), 5) == (1000, 0)
+        assert wait(chan.list_offset(5000), 5) == (-1, -1)
+        assert wait(chan.list_offset(-1), 5) == replica.list_offset(-1)
+        found = wait(chan.end_offset_for_epoch(0), 5)
+        assert (found.leader_epoch, found.end_offset) == (0, 2)
+        found = wait(chan.end_offset_for_epoch(2), 5)
+        assert (found.leader_epoch, found.end_offset) == (2, 3)
+        replica.become_follower(1, 3, [0, 1], [0, 1], fetch=False)
+        with pytest.raises(NotLeaderForPartitionError):
+            wait(chan.list_offset(-1), 5)
+        with pytest.raises(NotLeaderForPartitionError):
+            wait(chan.end_offset_for_epoch(2), 5)
+    finally:
+        chan.close()
+        replica.stop()
+
+
 def test_a_connections_produce_requests_are_appended_in_the_order_sent(leader):
     """Two hundred requests sent back to back without waiting are appended in send order
     (the append runs on the connection's reader thread, in arrival order)."""
@@ -211,8 +242,8 @@ def test_an_oversized_or_garbage_frame_closes_only_that_connection(leader):
     raw.close()
     chan = ReplicaChannel(address)
     try:
-        with pytest.raises(Exception, match="unknown channel op 9"):
-            wait(chan._request(9, [b"junk"], None), 5)
+        with pytest.raises(Exception, match="unknown channel op 200"):
+            wait(chan._request(200, [b"junk"], None), 5)
         assert wait(chan.produce(build([b"ok"]), acks=1), 5).base_offset == 0
     finally:
         chan.close()

@@ -24,9 +24,9 @@ its answer, which only that thread could deliver. The recorded high watermark al
 a consumer's fetch at the high watermark (the usual long poll: nothing new yet) answer
 empty without a round trip to the replica.
 
-ListOffsets, OffsetForLeaderEpoch and DeleteRecords are rare (a consumer's start, a leader
-change, an admin's request) and the channel has no operation for them: they are one Ray call
-to the replica each.
+ListOffsets and OffsetForLeaderEpoch (a consumer's start, a follower's truncation after a
+leader change) go over the channel too (LIST_OFFSET, EPOCH_END); DeleteRecords (an admin's
+request) is one Ray call to the replica.
 
 Ray stays behind ``ReplicaLookup`` (``RayReplicaLookup`` in production), so this module is
 tested with in-process replicas. Thread-safe: ``_lock`` guards the link table only; no
@@ -48,7 +48,6 @@ from ..errors import (KafkaError, LeaderNotAvailableError, NotLeaderForPartition
                       UnknownTopicOrPartitionError)
 from ..protocol import EpochEndOffset, FetchResult, unwrap
 from .handlers import BrokerEndpoint, NeedsReplica, PartitionMetadata
-from .log_backend import list_offset_in_log
 from .replica_channel import ReplicaChannel, wait
 
 log = logging.getLogger(__name__)
@@ -67,10 +66,6 @@ class ReplicaLookup(Protocol):
         """The hosted replica's handle, None when this broker hosts no such replica."""
 
     def channel_address(self, handle) -> str: ...
-
-    def list_offset(self, handle, timestamp: int) -> tuple[int, int]: ...
-
-    def end_offset_for_epoch(self, handle, leader_epoch: int) -> EpochEndOffset: ...
 
     def delete_records(self, handle, offset: int) -> tuple[int, int, int]:
         """DeleteRecords at the leader replica: (log start offset after it, high
@@ -352,12 +347,22 @@ class BrokerBackend:
 
     def list_offset(self, topic: str, partition: int, timestamp: int, *,
                     isolation_level: int) -> tuple[int, int]:
-        return self._replicas.list_offset(self._handle(topic, partition), timestamp)
+        return self._ask(topic, partition, lambda c: c.list_offset(timestamp))
 
     def end_offset_for_epoch(self, topic: str, partition: int,
                              leader_epoch: int) -> EpochEndOffset:
-        return self._replicas.end_offset_for_epoch(self._handle(topic, partition),
-                                                   leader_epoch)
+        return self._ask(topic, partition, lambda c: c.end_offset_for_epoch(leader_epoch))
+
+    def _ask(self, topic: str, partition: int, request):
+        """One control request to the partition's leader replica over its channel (on an
+        io thread: the answer may be read by the network thread)."""
+        link = self._link(topic, partition)        # not the leader here: refused at once
+        future = request(link.channel)
+        try:
+            return wait(future, CONTROL_TIMEOUT_S)
+        except Exception:
+            self._check(topic, partition, link, future)
+            raise
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         """Move the partition's log start offset to ``offset`` (-1: the high watermark)
@@ -466,12 +471,6 @@ class BrokerBackend:
 
 
 # -- Ray ------------------------------------------------------------------------------------
-def _list_offset_on_replica(replica, timestamp: int) -> tuple[int, int]:
-    """Runs inside the replica actor (``__ray_call__``): ListOffsets as its leader."""
-    replica._require_leader_for_reads()
-    return list_offset_in_log(replica.log, timestamp, replica.high_watermark)
-
-
 def _delete_records_on_replica(replica, offset: int) -> tuple[int, int, int]:
     """Runs inside the replica actor (``__ray_call__``): DeleteRecords as its leader
     (-1: up to the high watermark; never past it, as Kafka refuses)."""
@@ -512,13 +511,6 @@ class RayReplicaLookup:
 
     def channel_address(self, handle) -> str:
         return self._get(handle.channel_address.remote())
-
-    def list_offset(self, handle, timestamp: int) -> tuple[int, int]:
-        return tuple(self._get(handle.__ray_call__.remote(_list_offset_on_replica,
-                                                          timestamp)))
-
-    def end_offset_for_epoch(self, handle, leader_epoch: int) -> EpochEndOffset:
-        return self._get(handle.offsets_for_leader_epoch.remote(leader_epoch))
 
     def delete_records(self, handle, offset: int) -> tuple[int, int, int]:
         return tuple(self._get(handle.__ray_call__.remote(_delete_records_on_replica,

@@ -19,12 +19,12 @@ from typing import Callable
 
 from storage import Log, LogConfig
 from storage.checkpoint import read_offset, write_offset
-from storage.records import decode_records
 
 from ..errors import KafkaError, UnknownTopicOrPartitionError
 from ..protocol import EpochEndOffset, FetchResult, ProduceResult, validate_topic_name
 from .epoch_cache import LeaderEpochCache
 from .handlers import BrokerEndpoint, KafkaApis, PartitionMetadata
+from .list_offsets import list_offset_in_log
 from .network import ListenerSecurity, SocketServer, SocketServerConfig
 from .producer_handlers import ProducerIdApis
 
@@ -143,30 +143,6 @@ class LogBackend:
         p = self._partition(topic, partition)
         epoch, end = p.epochs.end_offset_for(leader_epoch, p.log.log_end_offset)
         return EpochEndOffset(epoch, end)
-
-
-def list_offset_in_log(log: Log, timestamp: int, high_watermark: int) -> tuple[int, int]:
-    """ListOffsets over one partition's Log, as its leader answers it: (timestamp, offset)
-    for -1 (latest: the high watermark), -2 (earliest), -3 (the record with the largest
-    timestamp, KIP-734) or a timestamp (the first record at or after it below the high
-    watermark); (-1, -1) when there is none."""
-    if timestamp == -1:
-        return -1, high_watermark
-    if timestamp == -2:
-        return -1, log.log_start_offset
-    if timestamp == -3:
-        segments = [s for s in log.segments if s.max_timestamp >= 0]
-        if not segments:
-            return -1, -1
-        newest = max(segments, key=lambda s: s.max_timestamp)
-        return newest.max_timestamp, newest.offset_of_max_timestamp
-    offset = log.offset_for_time(timestamp)
-    if offset is None or offset >= high_watermark:
-        return -1, -1
-    for record in decode_records(log.read(offset, 1)):
-        if record.offset >= offset:
-            return record.timestamp, record.offset
-    return -1, offset
 
 
 class FileProducerIds:

@@ -55,6 +55,7 @@ from ..protocol import (EpochEndOffset, FetchResult, ProduceResult, ReplicaFetch
                         ReplicaRole, broker_actor_name, unwrap)
 from .epoch_cache import LeaderEpochCache
 from .fetcher import FetcherSettings, RayLeaderLink, ReplicaFetcher
+from .list_offsets import list_offset_in_log
 from .gcpause import freeze_startup_heap
 from .threadnames import name_native_threads
 from .partition_state import LeaderState
@@ -521,6 +522,13 @@ class PartitionReplica:
             return [self.high_watermark] + [o for o in rest if o < self.high_watermark][
                 :max_offsets - 1]
         return self.log.offsets_before(time_ms, max_offsets)
+
+    def list_offset(self, timestamp: int) -> tuple[int, int]:
+        """ListOffsets as this partition's leader answers it (list_offsets.py): (timestamp,
+        offset) for -1 (latest: the HW), -2 (earliest), -3 (the largest timestamp) or a
+        timestamp."""
+        self._require_leader_for_reads()
+        return list_offset_in_log(self.log, timestamp, self.high_watermark)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         self._require_leader_for_reads()

@@ -31,6 +31,9 @@ ends run, since both ends are started from one installation):
       HW        as APPLY without batches (no response: the leader's HW and log start for a
                 follower whose fetch brought no records; the fetcher does not wait for it,
                 and a replica that moved on shows in the next APPLY's answer)
+      LIST_OFFSET  i64 timestamp (ListOffsets at the leader: -1 latest, -2 earliest, -3
+                the largest timestamp, else the first record at or after it)
+      EPOCH_END    i32 leader_epoch (OffsetForLeaderEpoch at the leader, KIP-101)
     response  u32 size | u32 request id | u8 status | body
       OK PRODUCE  i64 base_offset | i64 last_offset | i64 log_append_time_ms
                   | i64 log_start_offset
@@ -46,6 +49,8 @@ ends run, since both ends are started from one installation):
       OK REPLICA_FETCH  as OK FETCH
       OK APPLY    i64 log_end_offset | i64 high_watermark after the append (-1, -1: the
                   replica moved on from that generation; nothing was appended)
+      OK LIST_OFFSET  i64 timestamp | i64 offset ((-1, -1): no such record)
+      OK EPOCH_END    i32 leader_epoch | i64 end_offset ((-1, -1): unknown)
       ERROR       u16 class-name size | class name (an actors.errors class) | message
 
 Ordering: a connection's produce and apply requests are appended in the order they arrive (the
@@ -77,7 +82,7 @@ from .. import errors as _errors
 from .. import hoptrace
 from ..connection import IOV_MAX, consume_sent, set_receive_timeout
 from ..errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError
-from ..protocol import FetchResult, ProduceResult, ReplicaFetchResult
+from ..protocol import EpochEndOffset, FetchResult, ProduceResult, ReplicaFetchResult
 
 PRODUCE = 1
 FETCH = 2
@@ -86,6 +91,8 @@ REPLICA_FETCH = 4
 APPLY = 5
 POSITION = 6
 HW = 7
+LIST_OFFSET = 8
+EPOCH_END = 9
 OK = 0
 ERROR = 1
 ISOLATION = {"high_watermark": 0, "log_end": 1}
@@ -103,6 +110,9 @@ _POSITION = struct.Struct("<iiq")      # follower_id, leader_epoch, offset
 _REPLICA_FETCH = struct.Struct("<iiqi")  # follower_id, leader_epoch, offset, max_bytes
 _APPLY = struct.Struct("<qqqq")        # generation, fetch_offset, hw, log_start
 _APPLIED = struct.Struct("<qq")        # log_end, hw
+_LISTED = struct.Struct("<qq")         # timestamp, offset
+_EPOCH = struct.Struct("<i")           # leader_epoch
+_EPOCH_END = struct.Struct("<iq")      # leader_epoch, end_offset
 _NAME = struct.Struct("<H")
 
 log = logging.getLogger(__name__)
@@ -376,6 +386,15 @@ class ReplicaChannelServer:
                 except Exception as exc:  # noqa: BLE001 - never answered (a frame nobody
                     # waits for would fail a fetcher's channel): the next APPLY shows it
                     log.debug("replica channel: HW %d refused: %s", hw, exc)
+            elif op == LIST_OFFSET:
+                (timestamp,) = struct.unpack_from("<q", body, 0)
+                answer = _LISTED.pack(*self.replica.list_offset(timestamp))
+                send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
+            elif op == EPOCH_END:
+                (epoch,) = _EPOCH.unpack_from(body, 0)
+                found = self.replica.offsets_for_leader_epoch(epoch)
+                answer = _EPOCH_END.pack(found.leader_epoch, found.end_offset)
+                send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
             else:
                 raise KafkaError(f"unknown channel op {op}")
         except Exception as exc:  # noqa: BLE001 - every failure is the requester's answer
@@ -594,6 +613,14 @@ class ReplicaChannel:
               ) -> concurrent.futures.Future:
         head = _FETCH.pack(offset, max_bytes, max_wait_ms, min_bytes, ISOLATION[isolation])
         return self._request(FETCH, [head], None)
+
+    def list_offset(self, timestamp: int) -> concurrent.futures.Future:
+        """ListOffsets at this leader replica: a future of (timestamp, offset)."""
+        return self._request(LIST_OFFSET, [struct.pack("<q", timestamp)], None)
+
+    def end_offset_for_epoch(self, leader_epoch: int) -> concurrent.futures.Future:
+        """OffsetForLeaderEpoch at this leader replica: a future of an EpochEndOffset."""
+        return self._request(EPOCH_END, [_EPOCH.pack(leader_epoch)], None)
 
     def replica_fetch(self, follower_id: int, leader_epoch: int, offset: int,
                       max_bytes: int) -> concurrent.futures.Future:
@@ -924,6 +951,10 @@ class ReplicaChannel:
             elif op == APPLY:
                 leo, hw = _APPLIED.unpack_from(body, 0)
                 future.set_result(None if leo < 0 else (leo, hw))
+            elif op == LIST_OFFSET:
+                future.set_result(tuple(_LISTED.unpack_from(body, 0)))
+            elif op == EPOCH_END:
+                future.set_result(EpochEndOffset(*_EPOCH_END.unpack_from(body, 0)))
             else:
                 hw, start, end = _FETCHED.unpack_from(body, 0)
                 cls = ReplicaFetchResult if op == REPLICA_FETCH else FetchResult
