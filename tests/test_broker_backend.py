@@ -34,7 +34,6 @@ class _Lookup:
         return handle.channel_address()
 
 
-
 @pytest.fixture
 def setup(tmp_path):
     lookup = _Lookup()

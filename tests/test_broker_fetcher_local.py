@@ -36,7 +36,6 @@ class _Lookup:
         return handle.channel_address()
 
 
-
 class _Local:
     """The follower broker's LocalReplicas over in-process replicas."""
 

@@ -110,6 +110,7 @@ _POSITION = struct.Struct("<iiq")      # follower_id, leader_epoch, offset
 _REPLICA_FETCH = struct.Struct("<iiqi")  # follower_id, leader_epoch, offset, max_bytes
 _APPLY = struct.Struct("<qqqq")        # generation, fetch_offset, hw, log_start
 _APPLIED = struct.Struct("<qq")        # log_end, hw
+_TIMESTAMP = struct.Struct("<q")       # a ListOffsets timestamp
 _LISTED = struct.Struct("<qq")         # timestamp, offset
 _EPOCH = struct.Struct("<i")           # leader_epoch
 _EPOCH_END = struct.Struct("<iq")      # leader_epoch, end_offset
@@ -387,7 +388,7 @@ class ReplicaChannelServer:
                     # waits for would fail a fetcher's channel): the next APPLY shows it
                     log.debug("replica channel: HW %d refused: %s", hw, exc)
             elif op == LIST_OFFSET:
-                (timestamp,) = struct.unpack_from("<q", body, 0)
+                (timestamp,) = _TIMESTAMP.unpack_from(body, 0)
                 answer = _LISTED.pack(*self.replica.list_offset(timestamp))
                 send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
             elif op == EPOCH_END:
@@ -616,7 +617,7 @@ class ReplicaChannel:
 
     def list_offset(self, timestamp: int) -> concurrent.futures.Future:
         """ListOffsets at this leader replica: a future of (timestamp, offset)."""
-        return self._request(LIST_OFFSET, [struct.pack("<q", timestamp)], None)
+        return self._request(LIST_OFFSET, [_TIMESTAMP.pack(timestamp)], None)
 
     def end_offset_for_epoch(self, leader_epoch: int) -> concurrent.futures.Future:
         """OffsetForLeaderEpoch at this leader replica: a future of an EpochEndOffset."""
