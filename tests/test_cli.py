@@ -313,6 +313,19 @@ def test_namespace_and_verbose_are_accepted_before_a_command_groups_action(daemo
                                   "--namespace", "some-other"), 2, "--namespace given twice")
 
 
+def test_namespace_and_verbose_are_accepted_before_the_command(daemon):
+    """`raykafka --namespace NS --verbose status` (global options first, as `ray` and
+    `kubectl` take them) reaches NS's cluster; they were "invalid choice" errors naming the
+    namespace as a COMMAND; before a command that takes no --namespace, a one-line usage
+    error (exit 2)."""
+    state_dir, ns = daemon
+    out = run_cli(state_dir, "--namespace", ns, "--verbose", "status")
+    assert out.returncode == 0, out.stderr.decode()
+    assert "brokers     0, 1 live" in out.stdout.decode()
+    assert_one_line_error(run_cli(state_dir, "--namespace", ns, "perf", "storage"), 2,
+                          "raykafka perf storage: error: this command takes no --namespace")
+
+
 def test_produce_with_an_empty_key_separator_is_a_usage_error(daemon):
     """`produce --key-separator ''` exits 2 with one line naming the option (it was a
     ValueError from bytes.partition)."""

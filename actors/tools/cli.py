@@ -993,6 +993,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="raykafka", description="A Kafka-design commit log on Ray.")
     p.add_argument("-V", "--version", action="version", version=f"raykafka {version()}")
+    # and before the COMMAND (``raykafka --namespace ns status``, as ``ray``'s and
+    # ``kubectl``'s global options): a third name each, since a command's own parser
+    # writes its defaults over any dest it shares with this one
+    p.add_argument("--namespace", dest="top_namespace", default=None, type=_namespace,
+                   metavar="NAMESPACE",
+                   help="which cluster, for the commands that take --namespace")
+    p.add_argument("--verbose", dest="top_verbose", action="store_true",
+                   help="show Ray's and Spark's own log lines, for the commands that take "
+                        "--verbose")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -1291,14 +1300,20 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _merge_outer_options(args) -> None:
-    """``--namespace`` / ``--verbose`` given before a command group's ACTION count as if
-    given after it; given in both places, the namespaces must agree."""
-    outer = getattr(args, "outer_namespace", None)
-    if outer is not None:
-        if args.namespace not in (DEFAULT_NAMESPACE, outer):
-            raise UsageError(f"--namespace given twice: {outer!r} and {args.namespace!r}")
-        args.namespace = outer
-    if getattr(args, "outer_verbose", False):
+    """``--namespace`` / ``--verbose`` given before the COMMAND or before a command group's
+    ACTION count as if given after it; given in two places, the namespaces must agree. A
+    command that takes neither option refuses it wherever it is given."""
+    for given in (getattr(args, "top_namespace", None), getattr(args, "outer_namespace", None)):
+        if given is None:
+            continue
+        if not hasattr(args, "namespace"):
+            raise UsageError("this command takes no --namespace")
+        if args.namespace not in (DEFAULT_NAMESPACE, given):
+            raise UsageError(f"--namespace given twice: {given!r} and {args.namespace!r}")
+        args.namespace = given
+    if getattr(args, "top_verbose", False) or getattr(args, "outer_verbose", False):
+        if not hasattr(args, "verbose"):
+            raise UsageError("this command takes no --verbose")
         args.verbose = True
 
 
