@@ -103,6 +103,37 @@ def test_killing_the_controller_actor_alone_moves_the_role_and_restarts_the_cand
         zk.close()
 
 
+def test_a_candidate_ray_does_not_know_by_its_name_leaves_the_election(cluster):
+    """A Controller candidate Ray does not know by its broker's controller name (what a
+    killed candidate whose process lives on is: Ray marks it dead and gives the name to the
+    restarted broker's candidate; ray-project/ray#52322) closes its candidacy and its
+    ZooKeeper session within seconds, so it can never keep /controller from the live
+    candidates: its process ends; the cluster's controller stays as it was."""
+    from actors.server.controller import ALIVE_CHECK_S, Controller
+    zk = zk_client(cluster)
+    try:
+        holder = zk_json(zk, "/controller")["brokerid"]
+        stray = ray.remote(Controller).options(num_cpus=0, max_concurrency=4).remote(
+            holder, cluster._conf())
+
+        def gone():
+            try:
+                ray.get(stray.status.remote(), timeout=10)
+            except ray.exceptions.RayActorError as exc:
+                assert "creation task" not in str(exc), exc    # it did start as a candidate
+                return True
+            return False
+        wait_until(gone, timeout_s=ALIVE_CHECK_S * 5 + 10,
+                   what="the stray candidate out of the election and gone")
+        assert zk_json(zk, "/controller")["brokerid"] == holder
+        live = ray.get(ray.get_actor(f"controller-{holder}",
+                                     namespace=cluster.namespace).status.remote(), timeout=10)
+        assert live["candidate_role"] == "active", live
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def test_an_actor_holds_its_name_only_while_ray_gives_it_that_name():
     """raycompat.holds_own_name, which keeps a killed broker's supervisor from starting a
     controller candidate: True in the actor Ray knows by the name; False in another actor

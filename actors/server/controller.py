@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import queue
 import threading
 import time
@@ -71,7 +72,8 @@ from coordination.store import ZkStore
 
 from ..errors import (FencedLeaderEpochError, InvalidUpdateVersionError, NotControllerError,
                       RequestTimedOutError, UnknownTopicOrPartitionError)
-from ..protocol import ControllerRole
+from .. import raycompat
+from ..protocol import ControllerRole, controller_actor_name
 from .channel import ControllerChannel, RayBrokerTransport, RequestKind, RequestStatus
 from .controller_watch import ActiveControllerWatch
 from .threadnames import name_native_threads
@@ -79,6 +81,8 @@ from .threadnames import name_native_threads
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
+#: How often a candidate asks Ray whether it is still the actor its name stands for.
+ALIVE_CHECK_S = 2.0
 CONFIG_CHANGE_EXPIRY_MS = 15 * 60 * 1000       # Kafka's changeExpirationMs
 CONFIG_CHANGE_PURGE_INTERVAL_S = 60.0
 #: How long new metadata waits for LeaderAndIsr answers before it goes out anyway. Only a
@@ -922,9 +926,14 @@ class Controller:
         return ControllerRole.STANDBY
 
     def _loop(self) -> None:
+        checked = time.monotonic()
         while not self._closed.is_set():
             self.logic.wake.wait(TICK_S)
             self.logic.wake.clear()
+            if time.monotonic() - checked >= ALIVE_CHECK_S:
+                checked = time.monotonic()
+                if self._killed():
+                    return
             if self._closed.is_set() or self.role != ControllerRole.ACTIVE:
                 self.logic.fail_requests(NotControllerError(
                     f"broker {self.broker_id}'s controller is not active"))
@@ -954,11 +963,46 @@ class Controller:
                 log.warning("controller %d: slow tick %.1fs", self.broker_id,
                             time.monotonic() - start)
 
+    def _killed(self) -> bool:
+        """Whether Ray no longer knows this process as the candidate of its broker: then it
+        leaves the election, ends its ZooKeeper session and ends the process (should Ray
+        have answered wrongly, the broker's supervisor then starts a new candidate).
+
+        Ray marks a killed actor dead (and releases its name, which a restarted broker's new
+        candidate then takes) before the process is gone, and a process can outlive its
+        kill for good (ray-project/ray#52322): a killed candidate's kazoo thread would keep
+        its session, and with it /controller, alive, so that no live candidate is ever
+        elected. (Seen under load: the restarted broker's candidate and the two others all
+        standbys for minutes, /controller held by the killed candidate's session.)"""
+        try:
+            alive = raycompat.holds_own_name(controller_actor_name(self.broker_id),
+                                             self.conf["namespace"])
+        except Exception:  # noqa: BLE001 - the GCS did not answer: ask again next time
+            return False
+        if alive:
+            return False
+        log.warning("controller %d: Ray no longer knows this candidate by its name (it was "
+                    "killed, or its broker was): leaving the election", self.broker_id)
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - its session ends with the process anyway
+            log.exception("controller %d: closing after the kill failed", self.broker_id)
+        logging.shutdown()
+        os._exit(0)
+
     def status(self) -> dict:
         st = self.candidate.status()
         role = self.role
+        credentials = self.zk.credentials
+        error = self.candidate.error
         return {"broker_id": self.broker_id, "role": role, "epoch": st.epoch,
                 "ticks": self.ticks, "last_error": self.last_error,
+                # the candidate's own view: whom /controller named at its last read, its
+                # ZooKeeper session and connection, and the error of its last round
+                "follows": st.controller_id, "candidate_role": st.role.value,
+                "session": f"{credentials[0]:x}" if credentials else None,
+                "zk_state": str(self.zk.state),
+                "candidate_error": repr(error) if error is not None else None,
                 "dead_controller_sessions_ended": self.watch.sessions_ended,
                 "requests": self.logic.status() if role == ControllerRole.ACTIVE else None}
 
