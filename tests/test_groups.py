@@ -5,6 +5,7 @@ commits, committed offsets surviving the coordinator's broker, and session expir
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 
@@ -87,7 +88,41 @@ def restart(cluster, broker_id: int) -> None:
         wait_until(in_service, timeout_s=180, interval_s=0.2,
                    what=f"the cluster serving groups again after broker {broker_id} restarted")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; controllers: {controller_states(cluster)}") from None
+        raise AssertionError(f"{exc}; {controller_node(cluster)}; "
+                             f"controllers: {controller_states(cluster)}") from None
+
+
+def controller_node(cluster) -> str:
+    """Who holds /controller in ZooKeeper, and in which session (to set beside each
+    candidate's own session in ``controller_states``), for a failure's message."""
+    from cluster_helpers import zk_client
+    from coordination.zk_layout import CONTROLLER_PATH
+    zk = zk_client(cluster)
+    try:
+        if zk.exists(CONTROLLER_PATH) is None:
+            node = "/controller: none"
+        else:
+            data, stat = zk.get(CONTROLLER_PATH)
+            node = f"/controller: {data.decode()} held by session {stat.ephemeralOwner:x}"
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: say what failed instead
+        node = f"/controller: unread ({exc!r})"
+    finally:
+        zk.stop()
+        zk.close()
+    return f"{node}; Ray's Controller actors: {actors_of('Controller')}"
+
+
+def actors_of(class_name: str) -> list:
+    """Every actor of ``class_name`` the GCS has known (dead ones too; Ray's table does
+    not say their namespace): (name, state, pid, whether that process still runs)."""
+    import ray._private.state as ray_state
+    try:
+        table = ray_state.state.actor_table(None)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic
+        return [f"unlisted ({exc!r})"]
+    return [(a.get("Name"), a.get("State"), a.get("Pid"),
+             bool(a.get("Pid")) and os.path.exists(f"/proc/{a.get('Pid')}"))
+            for a in table.values() if a.get("ActorClassName") == class_name]
 
 
 def controller_states(cluster) -> dict:
