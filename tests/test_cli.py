@@ -64,9 +64,10 @@ def daemon(daemon_port):
     the end."""
     state_dir = tempfile.mkdtemp(prefix="rk-cli-")
     ns = unique_namespace("cli")
+    # one offsets partition: the groups tests wait for 2 offsets replicas to start, not 12
     started = run_cli(state_dir, "start", "--namespace", ns, "--brokers", "2",
                       "--port", str(daemon_port), "--config", "num.partitions=2",
-                      timeout=240)
+                      "--config", "offsets.topic.num.partitions=1", timeout=240)
     assert started.returncode == 0, started.stderr.decode()[-3000:]
     try:
         yield state_dir, ns
@@ -601,14 +602,15 @@ def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
     record, prints its summary (and only its own output: no Ray start-up lines, no
     token-authentication notice, no raylet worker-count warnings, nothing on stderr) and
     exits 0; a second run on the same --data-dir replaces the topic the first one left
-    instead of failing."""
+    (with another partition count: fewer replica actors to start) instead of failing."""
     from output_helpers import internal_lines
-    for run in range(2):
-        out = run_cli(str(tmp_path / "state"), "demo", "--simple", "--records", "20000",
-                      "--data-dir", str(tmp_path / "demo"), timeout=300)
+    for run, (records, partitions) in enumerate((("20000", "6"), ("2000", "2"))):
+        out = run_cli(str(tmp_path / "state"), "demo", "--simple", "--records", records,
+                      "--partitions", partitions, "--data-dir", str(tmp_path / "demo"),
+                      timeout=300)
         text = out.stdout.decode()
         assert out.returncode == 0, (text[-2000:], out.stderr.decode()[-2000:])
-        assert "records consumed   20,000" in text
+        assert f"records consumed   {int(records):,}" in text
         assert "every record read back once" in text
         assert ("deleting the 'demo-events'" in text) == (run == 1)
         err = out.stderr.decode()
