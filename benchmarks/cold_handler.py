@@ -8,7 +8,7 @@ code doing more work on the real path, or the machine making the same work deare
 times ONE thing, the broker's whole Produce handling in this process (request header
 decode, ``KafkaApis.handle``: body decode, ``Log.append`` of one 100-byte record, the
 response encoded), always the same request, as CPU time of this thread
-(``time.thread_time_ns``), between calls of four kinds:
+(``time.thread_time_ns``), between calls of five kinds:
 
 - ``hot``: none, back to back (what ``wire_bench.py``'s in-process figures are);
 - ``spin_1ms``: 1 ms of busy waiting (the CPU stays busy with this process; little of the

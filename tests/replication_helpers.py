@@ -103,6 +103,15 @@ def zk_partition_state(zk, topic: str, partition: int = 0) -> L.PartitionState:
     return L.PartitionState.from_bytes(topic, partition, data)
 
 
+def controller_holder(zk) -> str | None:
+    """/controller's body and the session holding it (to set beside each candidate's own
+    session, ``Controller.status()["session"]``), None when nobody is controller."""
+    if zk.exists(L.CONTROLLER_PATH) is None:
+        return None
+    data, stat = zk.get(L.CONTROLLER_PATH)
+    return f"{data.decode()} held by session {stat.ephemeralOwner:x}"
+
+
 def partition_story(cluster, topic: str, partition: int = 0) -> str:
     """What ZooKeeper holds for the partition (its state, the controller, the registered
     brokers) beside what each live broker's metadata cache says: a failed failover wait
@@ -111,8 +120,7 @@ def partition_story(cluster, topic: str, partition: int = 0) -> str:
     zk = zk_client(cluster)
     try:
         state = zk.get(L.partition_state_path(topic, partition))[0].decode()
-        controller = zk.get(L.CONTROLLER_PATH)[0].decode() if zk.exists(L.CONTROLLER_PATH) \
-            else None
+        controller = controller_holder(zk)
         registered = sorted(zk.get_children(L.BROKER_IDS_PATH))
     finally:
         zk.stop()

@@ -93,17 +93,13 @@ def restart(cluster, broker_id: int) -> None:
 
 
 def controller_node(cluster) -> str:
-    """Who holds /controller in ZooKeeper, and in which session (to set beside each
-    candidate's own session in ``controller_states``), for a failure's message."""
+    """Who holds /controller and in which session, and every Controller actor Ray has
+    known, for a failure's message."""
     from cluster_helpers import zk_client
-    from coordination.zk_layout import CONTROLLER_PATH
+    from replication_helpers import controller_holder
     zk = zk_client(cluster)
     try:
-        if zk.exists(CONTROLLER_PATH) is None:
-            node = "/controller: none"
-        else:
-            data, stat = zk.get(CONTROLLER_PATH)
-            node = f"/controller: {data.decode()} held by session {stat.ephemeralOwner:x}"
+        node = f"/controller: {controller_holder(zk)}"
     except Exception as exc:  # noqa: BLE001 - a diagnostic: say what failed instead
         node = f"/controller: unread ({exc!r})"
     finally:

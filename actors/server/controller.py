@@ -932,8 +932,7 @@ class Controller:
             self.logic.wake.clear()
             if time.monotonic() - checked >= ALIVE_CHECK_S:
                 checked = time.monotonic()
-                if self._killed():
-                    return
+                self._leave_if_killed()
             if self._closed.is_set() or self.role != ControllerRole.ACTIVE:
                 self.logic.fail_requests(NotControllerError(
                     f"broker {self.broker_id}'s controller is not active"))
@@ -963,10 +962,10 @@ class Controller:
                 log.warning("controller %d: slow tick %.1fs", self.broker_id,
                             time.monotonic() - start)
 
-    def _killed(self) -> bool:
-        """Whether Ray no longer knows this process as the candidate of its broker: then it
-        leaves the election, ends its ZooKeeper session and ends the process (should Ray
-        have answered wrongly, the broker's supervisor then starts a new candidate).
+    def _leave_if_killed(self) -> None:
+        """When Ray no longer knows this process as the candidate of its broker, leave the
+        election, end the ZooKeeper session and end the process (should Ray have answered
+        wrongly, the broker's supervisor then starts a new candidate).
 
         Ray marks a killed actor dead (and releases its name, which a restarted broker's new
         candidate then takes) before the process is gone, and a process can outlive its
@@ -978,9 +977,9 @@ class Controller:
             alive = raycompat.holds_own_name(controller_actor_name(self.broker_id),
                                              self.conf["namespace"])
         except Exception:  # noqa: BLE001 - the GCS did not answer: ask again next time
-            return False
+            return
         if alive:
-            return False
+            return
         log.warning("controller %d: Ray no longer knows this candidate by its name (it was "
                     "killed, or its broker was): leaving the election", self.broker_id)
         try:
