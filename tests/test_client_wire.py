@@ -6,6 +6,7 @@ errors and a metadata refresh, not a hang."""
 from __future__ import annotations
 
 import collections
+import socket
 import time
 
 import pytest
@@ -80,6 +81,79 @@ def test_a_steady_produce_and_consume_makes_no_ray_call(cluster, monkeypatch):
         producer.close()
         consumer.close()
         simple.close()
+
+
+def test_a_leader_change_is_learnt_over_the_wire_without_a_ray_call(cluster, monkeypatch):
+    """After a partition's leader moves (reassigned to a new replica order, the preferred
+    leader elected), a Producer, a Consumer and a SimpleConsumer that knew the old leader
+    are answered NOT_LEADER_OR_FOLLOWER, read the metadata again with a Metadata request
+    to the brokers, and go on at the new leader: no Ray call in the client process, and
+    every record arrives."""
+    topic = "moved"
+    admin = cluster.admin()
+    admin.create_topic(topic, partitions=1, replication_factor=3)
+    producer = cluster.producer(linger_ms=0)
+    consumer = cluster.consumer(auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    consumer.assign([(topic, 0)])
+    simple = cluster.simple_consumer()
+    calls = RayCalls(monkeypatch)
+    try:
+        producer.send(topic, b"first").get(timeout=30)
+        assert sum(len(rs) for rs in consumer.poll(timeout_ms=5000).values()) == 1
+        assert [r.value for r in simple.fetch(topic, 0, 0)] == [b"first"]
+        old = admin.describe_topic(topic)[0]
+        new_order = old["replicas"][1:] + old["replicas"][:1]
+        admin.reassign_partitions({(topic, 0): new_order})
+        admin.elect_preferred_leaders(topic)
+        wait_until(lambda: admin.describe_topic(topic)[0]["leader"] == new_order[0],
+                   timeout_s=60, what="the new leader elected")
+        before = [c.metadata.wire_refreshes for c in (producer, consumer, simple)]
+        calls.counting = True
+        for f in [producer.send(topic, b"after-%d" % i) for i in range(20)]:
+            f.get(timeout=60)
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < 20 and time.monotonic() < deadline:
+            got += [r.value for rs in consumer.poll(timeout_ms=1000).values() for r in rs]
+        fetched = simple.fetch(topic, 0, 1)
+        calls.counting = False
+        assert got == [b"after-%d" % i for i in range(20)]
+        assert [r.value for r in fetched] == got
+        assert dict(calls.counts) == {}, f"Ray calls after a leader change: {calls.counts}"
+        after = [c.metadata.wire_refreshes for c in (producer, consumer, simple)]
+        assert all(a > b for a, b in zip(after, before)), (before, after)
+    finally:
+        calls.counting = False
+        producer.close()
+        consumer.close()
+        simple.close()
+
+
+def test_a_metadata_refresh_no_listener_answers_is_read_through_ray(cluster):
+    """A client whose cached metadata names only listeners that do not answer (every
+    broker it knew restarted on other ports) reads the metadata through Ray, and its next
+    refresh goes over the wire again."""
+    from actors.client.metadata import WireMetadata
+    from actors.client.network import BrokerConnections
+
+    def free_port() -> int:                   # a port nothing listens on
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    metadata = WireMetadata(cluster.metadata)
+    metadata.attach(BrokerConnections(metadata))
+    stale = dict(metadata.snapshot())
+    stale["brokers"] = {b: {"host": "127.0.0.1", "port": free_port()}
+                        for b in stale["brokers"]}
+    metadata._snapshot = stale
+    try:
+        fresh = metadata.refresh()
+        assert (metadata.ray_refreshes, metadata.wire_refreshes) == (1, 0)
+        assert {int(b) for b in fresh["brokers"]} == set(cluster.broker_ids())
+        metadata.refresh()
+        assert (metadata.ray_refreshes, metadata.wire_refreshes) == (1, 1)
+    finally:
+        metadata.network.close()
 
 
 def test_consumer_offsets_come_from_list_offsets_requests(cluster):

@@ -86,6 +86,7 @@ from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .group import GroupMember
 from .retry import RetryPolicy, final_error
+from .metadata import attach_network, client_metadata
 from .network import (BrokerConnections, broker_error, fetch_body, known_broker_ids,
                       list_offsets_body, parse_fetch, parse_list_offsets, topic_metadata,
                       wait_answer)
@@ -220,9 +221,10 @@ class Consumer:
                 raise InvalidConfigurationError(f"{key} must be a bool, got "
                                                 f"{self.config[key]!r}")
         self.cluster = cluster
-        self.metadata = cluster.metadata
+        self.metadata = client_metadata(cluster.metadata)
         self._network = BrokerConnections(self.metadata, client_id=self.config["client_id"],
                                           security=ClientSecurity.from_config(self.config))
+        attach_network(self.metadata, self._network)
         self._assigned: list[tuple[str, int]] = []
         self._positions: dict[tuple[str, int], int] = {}
         self._subscription: set[str] = set()

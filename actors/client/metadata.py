@@ -1,17 +1,26 @@
 """Client-side metadata: which partitions a topic has, which broker leads each, and where
 each broker's Kafka listener is.
 
-Read from any live broker's metadata cache (the controller keeps those current) with a Ray
-call, cached here, and refreshed when a caller reports a stale answer (``invalidate``):
-a refresh is not the steady state. The data path (Producer, Consumer, SimpleConsumer)
-needs only ``leader_broker`` and ``broker_address``, both answered from the cache without a
-call. ``leader`` gives the leader replica's Ray actor handle (looked up by name, cached per
+``Metadata`` reads any live broker's metadata cache (the controller keeps those current)
+with a Ray call, caches it, and reads it again when a caller reports a stale answer
+(``invalidate``): a refresh is not the steady state. The Cluster, Admin and the jobs use
+it. ``leader`` gives the leader replica's Ray actor handle (looked up by name, cached per
 (topic, partition, leader, leader_epoch), so a new leader or a restarted broker is never
 served from a stale handle) for the control plane and the jobs' bulk reads.
+
+``WireMetadata`` is the data clients' (Producer, Consumer, SimpleConsumer: each makes its
+own with ``client_metadata``): the same cache, refreshed as Kafka's clients refresh it,
+with a Metadata request over the client's own connections (``attach``) to every broker
+it knows at once, the first answer taken (a paused or dead broker never holds a refresh
+up). Ray is asked only when no listener answers (every broker it knew restarted on new
+ports, say). The data path needs only ``leader_broker`` and ``broker_address``, both
+answered from the cache without a request.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import random
 import threading
 import time
@@ -19,11 +28,17 @@ from typing import NamedTuple
 
 import ray
 
+from .. import wire
 from ..protocol import broker_actor_name, replica_actor_name
 from ..errors import (BrokerNotAvailableError, LeaderNotAvailableError, NoBrokersAvailable,
                       UnknownTopicOrPartitionError)
 
+log = logging.getLogger(__name__)
+
 METADATA_CALL_TIMEOUT_S = 10.0
+#: how long a refresh over the wire waits for a broker's answer (its connection's opening
+#: included: a paused broker accepts in its kernel and never answers)
+WIRE_REFRESH_TIMEOUT_S = 5.0
 # how long a newest-refresh waits for other brokers once one has answered
 NEWEST_GRACE_S = 0.5
 
@@ -293,3 +308,171 @@ class Metadata:
         newest = max((snap for _, snap in answers), key=_stamp)
         live = {int(b) for b in newest.get("brokers", {})}
         return [snap for bid, snap in answers if bid in live]
+
+
+# -- the data clients' metadata: Kafka's Metadata request -------------------------------------
+
+_LISTING = {"topics": None, "allow_auto_topic_creation": False}
+
+
+def snapshot_of(answer: dict) -> dict:
+    """A Metadata response body as the cache keeps a broker's snapshot: ``topics`` (name ->
+    partition -> ``leader``, ``leader_epoch``, ``replicas``, ``isr``, ``offline``) and
+    ``brokers`` (node id -> ``host``, ``port``, ``rack``: the listener the request came
+    through, so the client's own security protocol), ``controller_id``. A topic answered
+    with an error is left out, as a broker that does not know it."""
+    topics = {}
+    for t in answer["topics"]:
+        if t["error_code"] or not t["name"]:
+            continue
+        topics[t["name"]] = {p["partition_index"]: {
+            "leader": p["leader_id"], "leader_epoch": p["leader_epoch"],
+            "replicas": list(p["replica_nodes"]), "isr": list(p["isr_nodes"]),
+            "offline": list(p.get("offline_replicas") or ())} for p in t["partitions"]}
+    brokers = {b["node_id"]: {"host": b["host"], "port": b["port"], "rack": b.get("rack")}
+               for b in answer["brokers"]}
+    return {"topics": topics, "brokers": brokers,
+            "controller_id": answer.get("controller_id", -1), "source": "wire"}
+
+
+def _epochs(snapshot: dict) -> tuple[int, int]:
+    """How new a snapshot from the wire is, as a whole: (the sum of its partitions' leader
+    epochs, its partition count). A broker's cache only ever moves forward in both while
+    topics are not deleted."""
+    total = count = 0
+    for parts in snapshot["topics"].values():
+        for state in parts.values():
+            total += state["leader_epoch"]
+            count += 1
+    return total, count
+
+
+def newest_of(snapshots: list[dict]) -> dict:
+    """The brokers' answers merged as Kafka's clients merge metadata (KIP-232): the answer
+    newest as a whole, with every partition another answer shows in a later leader epoch
+    taken from that one, and the topics only others know added (one just made that the
+    first broker has not heard of yet)."""
+    best = max(snapshots, key=_epochs)
+    topics = {t: dict(parts) for t, parts in best["topics"].items()}
+    for snap in snapshots:
+        if snap is best:
+            continue
+        for topic, parts in snap["topics"].items():
+            have = topics.setdefault(topic, {})
+            for p, state in parts.items():
+                if p not in have or state["leader_epoch"] > have[p]["leader_epoch"]:
+                    have[p] = state
+    return {**best, "topics": topics}
+
+
+class WireMetadata(Metadata):
+    """A data client's metadata (see the module docstring): ``Metadata``'s interface, its
+    refreshes a Metadata request over ``attach``-ed connections (purpose ``"metadata"``,
+    so an answer never queues behind produces or a long poll), Ray when none answers.
+    ``base``: the Cluster's metadata, whose cached snapshot is the starting point (no call
+    at construction). ``wire_refreshes`` / ``ray_refreshes`` count what answered."""
+
+    def __init__(self, base: Metadata):
+        super().__init__(base.namespace, base._broker_ids)
+        with base._lock:
+            if base._fetched_at:
+                self._snapshot, self._fetched_at = base._snapshot, time.monotonic()
+        self.network = None
+        self.wire_refreshes = 0
+        self.ray_refreshes = 0
+        self._refreshing = threading.Lock()     # one refresh at a time (Kafka's clients too)
+        self._newest = False                    # whether the last refresh merged them all
+        self._asking = threading.local()        # set on the threads that ask the brokers
+
+    def attach(self, network) -> None:
+        """The client's BrokerConnections, which the refreshes use from now on."""
+        self.network = network
+
+    def snapshot(self) -> dict:
+        if getattr(self._asking, "on", False):
+            with self._lock:                    # a refresh's own connection opening: the
+                return self._snapshot           # addresses it has, never another refresh
+        return super().snapshot()
+
+    def refresh(self, *, newest: bool = False) -> dict:
+        """As ``Metadata.refresh``, over the wire. Callers that come while a refresh is
+        under way wait for it and take its answer (a lookup after a stale answer from many
+        threads at once asks the brokers once)."""
+        if getattr(self._asking, "on", False):
+            return self.snapshot()
+        asked_at = time.monotonic()
+        with self._refreshing:
+            with self._lock:
+                if self._fetched_at > asked_at and (self._newest or not newest):
+                    return self._snapshot                # another caller's, just now
+            snap = self._refresh_over_wire(newest) if self.network is not None else None
+            if snap is None:
+                snap = super().refresh(newest=newest)
+                self._newest = newest
+                self.ray_refreshes += 1
+                return snap
+            with self._lock:
+                self._snapshot, self._newest = snap, newest
+                self._fetched_at = time.monotonic()
+            self.wire_refreshes += 1
+            return snap
+
+    def _refresh_over_wire(self, newest: bool) -> dict | None:
+        """Every broker of the cached snapshot asked at once (each on a thread of its own:
+        opening a connection to a paused broker blocks); the first answer with a
+        controller, or with ``newest`` the merge of those that come within a short grace
+        after it (all of them, usually, in a millisecond); None when none answered."""
+        with self._lock:
+            ids = [int(b) for b in (self._snapshot.get("brokers") or {})]
+        if not ids:
+            return None
+        random.shuffle(ids)
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+        for broker_id in ids:
+            threading.Thread(target=self._ask, args=(broker_id, answers), daemon=True,
+                             name="metadata-refresh").start()
+        got: list[dict] = []
+        pending = len(ids)
+        deadline = time.monotonic() + WIRE_REFRESH_TIMEOUT_S
+        while pending:
+            try:
+                snap = answers.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                break
+            pending -= 1
+            if snap is None or snap["controller_id"] < 0:
+                continue                   # a dead broker, or one no controller updated
+            got.append(snap)
+            if not newest:
+                break
+            deadline = min(deadline, time.monotonic() + NEWEST_GRACE_S)
+        if not got:
+            return None
+        return newest_of(got) if newest else got[0]
+
+    def _ask(self, broker_id: int, answers: queue.SimpleQueue) -> None:
+        from .network import wait_answer
+        self._asking.on = True
+        try:
+            future = self.network.send(broker_id, wire.METADATA, _LISTING, purpose="metadata")
+            body = wait_answer(self.network, broker_id, future, WIRE_REFRESH_TIMEOUT_S,
+                               "metadata", purpose="metadata")
+            answers.put(snapshot_of(body))
+        except Exception as exc:  # noqa: BLE001 - another broker, or Ray, answers
+            log.debug("metadata from broker %d: %r", broker_id, exc)
+            answers.put(None)
+
+
+def client_metadata(metadata):
+    """A data client's own metadata over ``metadata`` (a WireMetadata for a Ray-backed
+    Metadata; anything else, as the unit tests' fakes, unchanged)."""
+    if isinstance(metadata, Metadata) and not isinstance(metadata, WireMetadata):
+        return WireMetadata(metadata)
+    return metadata
+
+
+def attach_network(metadata, network) -> None:
+    """Let ``metadata`` refresh over the client's ``network`` when it can."""
+    attach = getattr(metadata, "attach", None)
+    if attach is not None:
+        attach(network)

@@ -194,6 +194,10 @@ class BrokerConnections:
         self._connect_timeout_s = connect_timeout_s
         self._lock = threading.Lock()
         self._connections: dict[tuple[int, str], KafkaConnection] = {}
+        # one lock per (broker, purpose) held while its connection opens: two threads never
+        # open two connections to one broker, and a paused broker's opening (up to
+        # connect_timeout_s) holds up no other broker's
+        self._opening: dict[tuple[int, str], threading.Lock] = {}
         self._closed = False
 
     def connection(self, broker_id: int, purpose: str = "data") -> KafkaConnection:
@@ -210,14 +214,19 @@ class BrokerConnections:
         with self._lock:
             if self._closed:
                 raise NetworkError("the client is closed")
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:
             conn = self._connections.get(key)
             if conn is not None and conn.alive:
                 return conn
-            # opened under the lock: two threads never open two connections to one broker
             conn = KafkaConnection(host, port, client_id=self._client_id,
                                    connect_timeout_s=self._connect_timeout_s,
                                    security=self._security)
-            self._connections[key] = conn
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    raise NetworkError("the client is closed")
+                self._connections[key] = conn
             return conn
 
     def send(self, broker_id: int, api_key: int, body: dict, *, purpose: str = "data",

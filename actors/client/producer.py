@@ -67,6 +67,7 @@ from .accumulator import (BATCH_OVERHEAD, RECORD_OVERHEAD_MAX, RecordAccumulator
 from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import positive_int, validate_config
 from .futures import BatchFuture, FutureRecordMetadata
+from .metadata import attach_network, client_metadata
 from .network import broker_error, known_broker_ids, topic_metadata
 from .partitioner import Partitioner
 from .retry import RetryPolicy
@@ -113,7 +114,7 @@ class Producer:
     """
 
     def __init__(self, metadata, **config):
-        self.metadata = metadata
+        self.metadata = metadata = client_metadata(metadata)
         explicit_idempotence = "enable_idempotence" in config
         self.config = config = validate_config(config, DEFAULT_CONFIG, "producer")
         acks = config["acks"]
@@ -167,6 +168,7 @@ class Producer:
                               invalidate=self._invalidate, client_id=config["client_id"],
                               idempotent=idempotent,
                               security=ClientSecurity.from_config(config))
+        attach_network(metadata, self._sender.network)
         self._sender.start()
 
     # -- context manager -----------------------------------------------------------------

@@ -64,6 +64,7 @@ from ..errors import IllegalArgumentError, IllegalStateError, KafkaTimeoutError
 from ..types import Record
 from ..connection import SECURITY_DEFAULTS, ClientSecurity
 from .config import validate_config
+from .metadata import attach_network, client_metadata
 from .network import (BrokerConnections, fetch_body, list_offsets_body, parse_fetch,
                       parse_list_offsets, wait_answer)
 from .retry import RetryPolicy, final_error
@@ -101,13 +102,14 @@ class SimpleConsumer:
     ``leader``, a replica's actor handle, for ``offsets_before``'s seed form)."""
 
     def __init__(self, metadata, **config):
-        self.metadata = metadata
+        self.metadata = metadata = client_metadata(metadata)
         self.config = validate_config(config, DEFAULT_CONFIG, "simple consumer")
         self._retry = RetryPolicy.from_config(self.config,
                                               deadline_key="default_api_timeout_ms")
         self._timeout_s = self.config["request_timeout_ms"] / 1000.0
         self._network = BrokerConnections(metadata, client_id=self.config["client_id"],
                                           security=ClientSecurity.from_config(self.config))
+        attach_network(metadata, self._network)
         self._closed = False
 
     def close(self) -> None:
