@@ -45,9 +45,6 @@ class _Local:
     def channel(self, handle):
         return ReplicaChannel(handle.channel_address(), reader_thread=False)
 
-    def side(self, handle):
-        return handle
-
     def leader_offsets(self, topic, partition, leader_id):
         log = self.leaders[(topic, partition)].log
         return log.log_start_offset, log.log_end_offset

@@ -481,6 +481,39 @@ def test_apply_appends_as_the_follower_and_refuses_another_generation(tmp_path):
         leader.stop()
 
 
+def test_a_followers_truncation_calls_over_the_channel_answer_as_the_replica(tmp_path):
+    """FOLLOWER: the follower's (LEO, HW), latest epoch and an epoch's end offset answer
+    what the replica answers; truncate and truncate-fully cut its log; every call in a
+    generation it moved on from answers None and changes nothing."""
+    from actors.server.replica_channel import (F_EPOCH_END, F_LATEST_EPOCH, F_POSITION,
+                                               F_TRUNCATE, F_TRUNCATE_FULLY)
+    leader = PartitionReplica("trunc", 0, 0, str(tmp_path / "l"), {})
+    follower = PartitionReplica("trunc", 0, 1, str(tmp_path / "f"), {})
+    try:
+        leader.become_leader(2, [0, 1], [0, 1])
+        for i in range(3):
+            leader.produce(build([b"a%d" % i, b"b%d" % i]), 1, 1000)
+        gen = follower.become_follower(0, 2, [0, 1], [0, 1], fetch=False)["generation"]
+        chan = ReplicaChannel(follower.channel_address())
+        assert wait(chan.apply(gen, 0, 2, 0, leader.log.read(0, 1 << 20)), 5) == (6, 2)
+        assert wait(chan.follower_call(F_POSITION, gen), 5) == (6, 2)
+        assert wait(chan.follower_call(F_LATEST_EPOCH, gen), 5) == (2, 0)
+        assert wait(chan.follower_call(F_EPOCH_END, gen, 2), 5) == \
+            tuple(follower.epoch_end_offset(gen, 2))
+        assert wait(chan.follower_call(F_TRUNCATE, gen, 4), 5) == (1, 0)
+        assert follower.log.log_end_offset == 4
+        for call, argument in ((F_POSITION, 0), (F_LATEST_EPOCH, 0), (F_EPOCH_END, 2),
+                               (F_TRUNCATE, 0), (F_TRUNCATE_FULLY, 10)):
+            assert wait(chan.follower_call(call, gen + 1, argument), 5) is None
+        assert follower.log.log_end_offset == 4
+        assert wait(chan.follower_call(F_TRUNCATE_FULLY, gen, 10), 5) == (1, 0)
+        assert (follower.log.log_start_offset, follower.log.log_end_offset) == (10, 10)
+        chan.close()
+    finally:
+        leader.stop()
+        follower.stop()
+
+
 def test_hw_moves_the_followers_high_watermark_without_an_answer(tmp_path):
     """HW (no answer) sets the follower's HW, never past its log end; with a stale
     generation it changes nothing, and the channel's next APPLY is answered as usual."""

@@ -17,8 +17,8 @@ Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved
 
 1. on joining the thread (a new leader or epoch) the partition first truncates by leader
    epoch (KIP-101/279): ``fetcher.truncation_offset`` with the leader asked through
-   OffsetForLeaderEpoch on the same connection and the local replica through Ray (rare:
-   once per leader change);
+   OffsetForLeaderEpoch on the same connection and the local replica over its channel
+   (replica_channel FOLLOWER; rare: once per leader change);
 2. then it is fetched every round; an answer with records goes to the replica (APPLY,
    awaited: the next Fetch carries the new log end), one with only a new high watermark
    too, but without an answer to wait for (HW: a message instead of a round trip);
@@ -63,6 +63,8 @@ from ..errors import (FencedLeaderEpochError, InvalidRecordError, NetworkError,
                       NotLeaderForPartitionError)
 from ..protocol import EpochEndOffset
 from .fetcher import FetcherSettings, truncation_offset
+from .replica_channel import (F_EPOCH_END, F_LATEST_EPOCH, F_POSITION, F_TRUNCATE,
+                              F_TRUNCATE_FULLY)
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +82,8 @@ class LocalReplicas(Protocol):
 
     def channel(self, handle) -> Any:
         """An open ReplicaChannel to the replica (a new one after the last died), for the
-        fetcher thread alone: without a reader thread, answers read with ``result``."""
-
-    def side(self, handle):
-        """The replica's truncation calls (FollowerSide's but ``apply_fetch``, which the
-        channel carries; Ray in production)."""
+        fetcher thread alone: without a reader thread, answers read with ``result``. It
+        carries the appends (APPLY, HW) and the truncation calls (FOLLOWER)."""
 
     def leader_offsets(self, topic: str, partition: int, leader_id: int) -> tuple[int, int]:
         """(log start, log end) of the leader's replica (after OFFSET_OUT_OF_RANGE)."""
@@ -133,6 +132,34 @@ class _WireLeader:
         if error is not None:
             raise error
         return EpochEndOffset(part["leader_epoch"], part["end_offset"])
+
+
+class _ChannelSide:
+    """FollowerSide's truncation calls (all but ``apply_fetch``) over the follower
+    replica's channel (replica_channel FOLLOWER), answered in order with its appends."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def _call(self, call: int, generation: int, argument: int = 0):
+        return self.channel.result(self.channel.follower_call(call, generation, argument),
+                                   REQUEST_TIMEOUT_S)
+
+    def follower_position(self, generation):
+        return self._call(F_POSITION, generation)
+
+    def latest_epoch(self, generation):
+        found = self._call(F_LATEST_EPOCH, generation)
+        return None if found is None else found[0]
+
+    def epoch_end_offset(self, generation, epoch):
+        return self._call(F_EPOCH_END, generation, epoch)
+
+    def truncate(self, generation, offset):
+        return self._call(F_TRUNCATE, generation, offset) is not None
+
+    def truncate_fully(self, generation, offset):
+        return self._call(F_TRUNCATE_FULLY, generation, offset) is not None
 
 
 class BrokerFetcherThread:
@@ -286,8 +313,8 @@ class BrokerFetcherThread:
 
     # -- truncation (step 1) ----------------------------------------------------------------
     def _truncate(self, conn: KafkaConnection, p: _Followed) -> None:
-        side = self.manager.local.side(p.handle)
         try:
+            side = _ChannelSide(self._channel(p))
             target = truncation_offset(side, _WireLeader(conn, self.manager.broker_id, p),
                                        p.generation, f"{p.topic}-{p.partition}")
             if target is None or not side.truncate(p.generation, target):
@@ -297,16 +324,13 @@ class BrokerFetcherThread:
         except NetworkError:
             raise
         except Exception as exc:  # noqa: BLE001 - leader not ready, replica busy: later
+            if p.channel is not None and not p.channel.alive:
+                self._drop_channel(p)
             self._failed(p, "truncation by epoch", exc, TRUNCATION_FAILURES_BEFORE_WARNING)
             self._delay([p])
             return
         if self._moved_to(p, position):
             p.truncating = False
-            try:          # opened now, not when the first records come (a Ray call)
-                self._channel(p)
-            except Exception as exc:  # noqa: BLE001 - the first apply tries again
-                log.debug("%s: %s-%d: no channel yet (%r)", self.name, p.topic, p.partition,
-                          exc)
 
     def _forget(self, p: _Followed) -> None:
         """The replica moved on from this generation: it leaves the thread."""
@@ -419,8 +443,8 @@ class BrokerFetcherThread:
     def _out_of_range(self, p: _Followed) -> None:
         """The leader refused our fetch offset: below its log start -> start over at its log
         start; past its LEO (an unclean election lost records) -> cut to its LEO."""
-        side = self.manager.local.side(p.handle)
         try:
+            side = _ChannelSide(self._channel(p))
             start, end = self.manager.local.leader_offsets(p.topic, p.partition, p.leader_id)
             if p.fetch_offset > end:
                 log.warning("%s: %s-%d LEO %d is past leader %d's LEO %d: truncating to it",
@@ -507,41 +531,10 @@ class BrokerFetcherManager:
 
 
 # -- Ray ------------------------------------------------------------------------------------
-class _RayFollowerSide:
-    """FollowerSide's truncation calls through Ray to the local replica actor (its appends
-    go through the replica channel)."""
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def _call(self, method: str, *args):
-        import ray
-        from ..protocol import unwrap
-        try:
-            return ray.get(getattr(self.handle, method).remote(*args),
-                           timeout=REQUEST_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - the replica's typed error, unwrapped
-            raise unwrap(exc) from None
-
-    def follower_position(self, generation):
-        return self._call("follower_position", generation)
-
-    def latest_epoch(self, generation):
-        return self._call("latest_epoch", generation)
-
-    def epoch_end_offset(self, generation, epoch):
-        return self._call("epoch_end_offset", generation, epoch)
-
-    def truncate(self, generation, offset):
-        return self._call("truncate", generation, offset)
-
-    def truncate_fully(self, generation, offset):
-        return self._call("truncate_fully", generation, offset)
-
-
 class RayLocalReplicas:
-    """LocalReplicas over Ray: a replica's channel address and follower calls through its
-    actor handle; a leader's offsets through its actor, found by name in ``namespace``."""
+    """LocalReplicas over Ray: a replica's channel address through its actor handle (once
+    per channel); a leader's offsets through its actor, found by name in ``namespace``
+    (after OFFSET_OUT_OF_RANGE only)."""
 
     def __init__(self, namespace: str | None):
         self.namespace = namespace
@@ -551,9 +544,6 @@ class RayLocalReplicas:
         from .replica_channel import ReplicaChannel
         address = ray.get(handle.channel_address.remote(), timeout=REQUEST_TIMEOUT_S)
         return ReplicaChannel(address, reader_thread=False)
-
-    def side(self, handle):
-        return _RayFollowerSide(handle)
 
     def leader_offsets(self, topic, partition, leader_id):
         from .fetcher import RayLeaderLink

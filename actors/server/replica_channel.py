@@ -34,6 +34,11 @@ ends run, since both ends are started from one installation):
       LIST_OFFSET  i64 timestamp (ListOffsets at the leader: -1 latest, -2 earliest, -3
                 the largest timestamp, else the first record at or after it)
       EPOCH_END    i32 leader_epoch (OffsetForLeaderEpoch at the leader, KIP-101)
+      FOLLOWER     u8 call | i64 generation | i64 argument: a follower replica's side of a
+                truncation (KIP-101/279), asked by its broker's fetcher once per leader
+                change: call 0 its (log end, HW), 1 its latest leader epoch, 2 the end
+                offset of epoch ``argument``, 3 truncate to ``argument``, 4 truncate fully
+                and start at ``argument``
     response  u32 size | u32 request id | u8 status | body
       OK PRODUCE  i64 base_offset | i64 last_offset | i64 log_append_time_ms
                   | i64 log_start_offset
@@ -51,6 +56,8 @@ ends run, since both ends are started from one installation):
                   replica moved on from that generation; nothing was appended)
       OK LIST_OFFSET  i64 timestamp | i64 offset ((-1, -1): no such record)
       OK EPOCH_END    i32 leader_epoch | i64 end_offset ((-1, -1): unknown)
+      OK FOLLOWER     u8 answered | i64 a | i64 b (answered 0: the replica moved on from
+                      that generation; else 0: (a, b), 1: a, 2: (a, b), 3 and 4: a = 1 when done)
       ERROR       u16 class-name size | class name (an actors.errors class) | message
 
 Ordering: a connection's produce and apply requests are appended in the order they arrive (the
@@ -93,6 +100,9 @@ POSITION = 6
 HW = 7
 LIST_OFFSET = 8
 EPOCH_END = 9
+FOLLOWER = 10
+# FOLLOWER's calls
+F_POSITION, F_LATEST_EPOCH, F_EPOCH_END, F_TRUNCATE, F_TRUNCATE_FULLY = range(5)
 OK = 0
 ERROR = 1
 ISOLATION = {"high_watermark": 0, "log_end": 1}
@@ -114,6 +124,8 @@ _TIMESTAMP = struct.Struct("<q")       # a ListOffsets timestamp
 _LISTED = struct.Struct("<qq")         # timestamp, offset
 _EPOCH = struct.Struct("<i")           # leader_epoch
 _EPOCH_END = struct.Struct("<iq")      # leader_epoch, end_offset
+_FOLLOWER = struct.Struct("<Bqq")       # call, generation, argument
+_FOLLOWED = struct.Struct("<Bqq")       # answered, a, b
 _NAME = struct.Struct("<H")
 
 log = logging.getLogger(__name__)
@@ -396,10 +408,31 @@ class ReplicaChannelServer:
                 found = self.replica.offsets_for_leader_epoch(epoch)
                 answer = _EPOCH_END.pack(found.leader_epoch, found.end_offset)
                 send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
+            elif op == FOLLOWER:
+                answer = _FOLLOWED.pack(*self._follower_call(*_FOLLOWER.unpack_from(body, 0)))
+                send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
             else:
                 raise KafkaError(f"unknown channel op {op}")
         except Exception as exc:  # noqa: BLE001 - every failure is the requester's answer
             send(_error_frame(request_id, exc))
+
+    def _follower_call(self, call: int, generation: int, argument: int) -> tuple:
+        """FOLLOWER: (answered, a, b) of the follower replica's truncation call."""
+        replica = self.replica
+        if call == F_POSITION:
+            found = replica.follower_position(generation)
+        elif call == F_LATEST_EPOCH:
+            epoch = replica.latest_epoch(generation)
+            found = None if epoch is None else (epoch, 0)
+        elif call == F_EPOCH_END:
+            found = replica.epoch_end_offset(generation, argument)
+        elif call == F_TRUNCATE:
+            found = (1, 0) if replica.truncate(generation, argument) else None
+        elif call == F_TRUNCATE_FULLY:
+            found = (1, 0) if replica.truncate_fully(generation, argument) else None
+        else:
+            raise KafkaError(f"unknown follower call {call}")
+        return (0, 0, 0) if found is None else (1, *found)
 
     @staticmethod
     def _produced(request_id: int, result: ProduceResult) -> list:
@@ -622,6 +655,12 @@ class ReplicaChannel:
     def end_offset_for_epoch(self, leader_epoch: int) -> concurrent.futures.Future:
         """OffsetForLeaderEpoch at this leader replica: a future of an EpochEndOffset."""
         return self._request(EPOCH_END, [_EPOCH.pack(leader_epoch)], None)
+
+    def follower_call(self, call: int, generation: int, argument: int = 0
+                      ) -> concurrent.futures.Future:
+        """A follower replica's truncation call (FOLLOWER, ``F_*``): a future of (a, b), or
+        None when the replica moved on from ``generation``."""
+        return self._request(FOLLOWER, [_FOLLOWER.pack(call, generation, argument)], None)
 
     def replica_fetch(self, follower_id: int, leader_epoch: int, offset: int,
                       max_bytes: int) -> concurrent.futures.Future:
@@ -956,6 +995,9 @@ class ReplicaChannel:
                 future.set_result(tuple(_LISTED.unpack_from(body, 0)))
             elif op == EPOCH_END:
                 future.set_result(EpochEndOffset(*_EPOCH_END.unpack_from(body, 0)))
+            elif op == FOLLOWER:
+                answered, a, b = _FOLLOWED.unpack_from(body, 0)
+                future.set_result((a, b) if answered else None)
             else:
                 hw, start, end = _FETCHED.unpack_from(body, 0)
                 cls = ReplicaFetchResult if op == REPLICA_FETCH else FetchResult
