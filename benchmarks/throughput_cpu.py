@@ -91,7 +91,26 @@ def _replica_roles(cluster, topic: str) -> dict:
     return roles
 
 
-def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 6.0) -> dict:
+def _perf_start(path: str | None):
+    """``perf record`` of the whole machine (call graphs) into ``path`` until stopped."""
+    if not path:
+        return None
+    import subprocess
+    proc = subprocess.Popen(["perf", "record", "-a", "-g", "-F", "1999", "-o", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)                             # perf's own start-up, before the run
+    return proc
+
+
+def _perf_stop(proc) -> None:
+    if proc is not None:
+        import signal
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+
+def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 6.0,
+            perf: str | None = None) -> dict:
     """CPU by process kind over a throughput run of ``records`` (0: 3 idle seconds), or
     over the steady middle of a paced end-to-end run at ``paced`` records/s for
     ``seconds`` (its first and last second left out, with the set-up before them)."""
@@ -120,11 +139,13 @@ def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 
     else:
         if records:
             throughput(cluster, topic, WARMUP, 0, RECORD_SIZE)
+        profiler = _perf_start(perf)
         before, t0 = _times(), time.perf_counter()
         e2e = {}
         result = throughput(cluster, topic, records, 0, RECORD_SIZE) if records \
             else (time.sleep(3.0) or {})
         wall, after = time.perf_counter() - t0, _times()
+        _perf_stop(profiler)
     cpu = collections.defaultdict(lambda: [0.0, 0.0])
     faults = collections.defaultdict(int)
     for pid, (kind, user, system, minflt) in after.items():
@@ -154,6 +175,9 @@ def main() -> int:
     ap.add_argument("--paced", default="",
                     help="paced end-to-end runs at these rates (records/s) instead")
     ap.add_argument("--seconds", type=float, default=6.0, help="of each paced run")
+    ap.add_argument("--perf", default="",
+                    help="record each throughput run with `perf record -a -g` into "
+                         "PREFIX.rfN.data (read with `perf report -i ... --sort comm,dso,sym`)")
     a = ap.parse_args()
     out = {}
     rates = [int(x) for x in a.paced.split(",") if x]
@@ -164,7 +188,8 @@ def main() -> int:
             for rate in rates or [0]:
                 key = f"{name}_{rate}" if rate else name
                 r = out[key] = measure(cluster, name, 0 if a.idle else a.records, rate,
-                                       a.seconds)
+                                       a.seconds,
+                                       f"{a.perf}.{key}.data" if a.perf and not rate else None)
                 say(f"{key}: {r['records_per_s']} records/s in {r['wall_s']} s, "
                     f"{r['cpu_total_s']} s of CPU ({r['cores_busy']} cores)"
                     + (f", e2e p50 {r.get('e2e_p50_ms')} ms" if rate else ""))

@@ -200,10 +200,50 @@ def wait_replicas_converged(cluster, topic: str, partition: int = 0, timeout_s: 
     return wait_until(converged, timeout_s=timeout_s, what="replicas converged")
 
 
-def assert_no_acknowledged_loss(acked: dict, records: list) -> None:
+def assert_no_acknowledged_loss(acked: dict, records: list, cluster=None, topic=None,
+                                partition: int = 0) -> None:
     """Every acknowledged value is in the log at the offset its acknowledgement named, and
-    every offset holds one value."""
+    every offset holds one value. Given the cluster and topic, a failure also says what was
+    read, where each replica stands and where on its disk the first missing value is."""
     by_offset = {r.offset: r.value for r in records}
     assert len(by_offset) == len(records)
     missing = [(v, o) for v, o in acked.items() if by_offset.get(o) != v]
-    assert not missing, f"{len(missing)} acknowledged records lost or moved, e.g. {missing[:3]}"
+    if missing and cluster is not None:
+        story = loss_story(cluster, topic, partition, records, missing)
+    else:
+        story = ""
+    assert not missing, (f"{len(missing)} acknowledged records lost or moved, e.g. "
+                         f"{missing[:3]}{story}")
+
+
+def loss_story(cluster, topic: str, partition: int, records: list, missing: list) -> str:
+    """For a failed no-loss check: the offsets read, each replica's role, epoch, log end
+    and HW, the offset each replica's segment files hold the first missing value at, and
+    the partition's story (ZooKeeper, the brokers' caches, the controllers)."""
+    from storage.records import decode_records
+    value, offset = missing[0]
+    lines = [f"\nread {len(records)} records, offsets "
+             f"{records[0].offset if records else None}..{records[-1].offset if records else None}; "
+             f"first missing {value!r} acknowledged at {offset}"]
+    for bid in cluster.broker_ids():
+        try:
+            st = replica_state(cluster, bid, topic, partition)
+            lines.append(f"replica on {bid}: {st['role']} leader={st['leader']} "
+                         f"epoch={st['leader_epoch']} isr={st['isr']} "
+                         f"start={st['log_start_offset']} leo={st['log_end_offset']} "
+                         f"hw={st['high_watermark']} generation={st['generation']}")
+        except Exception as exc:  # noqa: BLE001 - a dead replica is part of the story
+            lines.append(f"replica on {bid}: {type(exc).__name__}")
+        try:
+            path = os.path.join(cluster.data_dir, f"broker-{bid}", f"{topic}-{partition}")
+            data = b"".join(open(f, "rb").read()
+                            for f in sorted(glob.glob(os.path.join(path, "*.log"))))
+            found = [r.offset for r in decode_records(data) if r.value == value]
+            lines.append(f"  on disk: {value!r} at offsets {found}")
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure
+            lines.append(f"  on disk: unreadable ({exc!r})")
+    try:
+        lines.append(partition_story(cluster, topic, partition))
+    except Exception as exc:  # noqa: BLE001
+        lines.append(f"partition story unavailable: {exc!r}")
+    return "\n".join(lines)

@@ -63,7 +63,7 @@ def test_killing_the_leader_five_times_loses_no_acknowledged_record(cluster):
         acked = producer.stop()
     print(f"\nlongest time without a leader after a kill: {longest_s:.2f}s; "
           f"{len(acked)} acknowledged, {len(producer.errors)} failed sends")
-    assert_no_acknowledged_loss(acked, read_committed(cluster, "chase"))
+    assert_no_acknowledged_loss(acked, read_committed(cluster, "chase"), cluster, "chase")
     _identical_below_hw(cluster, "chase")
 
 
@@ -92,7 +92,7 @@ def test_a_paused_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster)
         producer.wait_for_more(50)
     finally:
         acked = producer.stop()
-    assert_no_acknowledged_loss(acked, read_committed(cluster, "lag"))
+    assert_no_acknowledged_loss(acked, read_committed(cluster, "lag"), cluster, "lag")
     _identical_below_hw(cluster, "lag")
 
 
@@ -205,7 +205,7 @@ def test_a_leader_whose_session_expires_acknowledges_nothing_after_its_replaceme
         wait_for_full_isr(cluster, "expire", timeout_s=60)
     finally:
         acked = producer.stop()
-    assert_no_acknowledged_loss(acked, read_committed(cluster, "expire"))
+    assert_no_acknowledged_loss(acked, read_committed(cluster, "expire"), cluster, "expire")
     _identical_below_hw(cluster, "expire")
 
 
@@ -230,5 +230,5 @@ def test_a_paused_leader_past_its_session_timeout_is_a_fenced_zombie(cluster):
         producer.wait_for_more(50)
     finally:
         acked = producer.stop()
-    assert_no_acknowledged_loss(acked, read_committed(cluster, "zombie"))
+    assert_no_acknowledged_loss(acked, read_committed(cluster, "zombie"), cluster, "zombie")
     _identical_below_hw(cluster, "zombie")

@@ -45,7 +45,8 @@ def cluster4():
 
 def _check(cluster, topic, acked, partition=0):
     """No acknowledged loss, and every replica byte-identical below the high watermark."""
-    assert_no_acknowledged_loss(acked, read_committed(cluster, topic, partition))
+    assert_no_acknowledged_loss(acked, read_committed(cluster, topic, partition), cluster,
+                                topic, partition)
     row = partition_row(cluster, topic, partition)
     hw = wait_replicas_converged(cluster, topic, partition)[0]["high_watermark"]
     images = {b: disk_bytes_below(cluster, b, topic, partition, hw) for b in row["replicas"]}
