@@ -16,6 +16,9 @@ The last line is one JSON object.
 
     python benchmarks/throughput_cpu.py [--rf 1,3] [--records 2000000] [--idle]
     python benchmarks/throughput_cpu.py --rf 3 --paced 1000,10000 [--seconds 6]
+
+``--perf PREFIX`` records each run with ``perf record -a -g`` (the whole machine, kernel
+included: what a py-spy of one process cannot show, such as the page-cache copies).
 """
 
 from __future__ import annotations
@@ -124,9 +127,11 @@ def measure(cluster, topic: str, records: int, paced: int = 0, seconds: float = 
 
         def sample():
             time.sleep(1.0)
+            profiler = _perf_start(perf)
             marks.append((time.perf_counter(), _times()))
             time.sleep(window)
             marks.append((time.perf_counter(), _times()))
+            _perf_stop(profiler)
 
         sampler = threading.Thread(target=sample, daemon=True)
         e2e = end_to_end(cluster, topic, seconds, RECORD_SIZE, paced, "e2e",
@@ -176,8 +181,9 @@ def main() -> int:
                     help="paced end-to-end runs at these rates (records/s) instead")
     ap.add_argument("--seconds", type=float, default=6.0, help="of each paced run")
     ap.add_argument("--perf", default="",
-                    help="record each throughput run with `perf record -a -g` into "
-                         "PREFIX.rfN.data (read with `perf report -i ... --sort comm,dso,sym`)")
+                    help="record each run (a paced one: its steady part) with `perf record "
+                         "-a -g` into PREFIX.<run>.data (read with `perf report -i ... "
+                         "--sort comm,dso,sym`)")
     a = ap.parse_args()
     out = {}
     rates = [int(x) for x in a.paced.split(",") if x]
@@ -189,7 +195,7 @@ def main() -> int:
                 key = f"{name}_{rate}" if rate else name
                 r = out[key] = measure(cluster, name, 0 if a.idle else a.records, rate,
                                        a.seconds,
-                                       f"{a.perf}.{key}.data" if a.perf and not rate else None)
+                                       f"{a.perf}.{key}.data" if a.perf else None)
                 say(f"{key}: {r['records_per_s']} records/s in {r['wall_s']} s, "
                     f"{r['cpu_total_s']} s of CPU ({r['cores_busy']} cores)"
                     + (f", e2e p50 {r.get('e2e_p50_ms')} ms" if rate else ""))
