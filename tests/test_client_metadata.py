@@ -105,3 +105,28 @@ def test_callers_that_come_during_a_refresh_take_its_answer():
         t.join(10)
     assert metadata.wire_refreshes == 1
     assert network.sent <= 3
+
+
+def test_a_broker_that_does_not_answer_is_not_asked_again_by_later_refreshes():
+    """A paused broker (its request never answered) is asked by the first refresh only:
+    the refreshes after it, answered by the other brokers, start no new thread for it
+    while the first one still waits."""
+    metadata, network = _wire_metadata(_answer({"a": [1]}))
+    paused = threading.Event()
+    asked_paused = []
+    send = network.send
+
+    def send_or_hang(broker_id, api_key, body, **kwargs):
+        if broker_id == 1:
+            asked_paused.append(1)
+            paused.wait(10)
+        return send(broker_id, api_key, body, **kwargs)
+
+    network.send = send_or_hang
+    try:
+        for _ in range(5):
+            metadata.refresh()
+        assert metadata.wire_refreshes == 5
+        assert asked_paused == [1]
+    finally:
+        paused.set()

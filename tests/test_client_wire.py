@@ -216,3 +216,40 @@ def test_a_killed_leader_broker_is_retried_onto_the_new_leader(cluster):
     assert all(v in values for v in expected), "an acknowledged record is missing"
     cluster.start_broker(leader)
     wait_until(lambda: leader in cluster.broker_ids(), timeout_s=60, what="broker back")
+
+
+def test_calls_a_lookup_moved_on_without_are_read_so_ray_logs_no_unhandled_error(cluster):
+    """first_answer takes the first good answer of calls sent together; one that fails
+    after it (a broker not ready yet) is still read, so Ray logs no "Unhandled error"
+    traceback in the caller's process (a CLI command printed one in a fresh-clone run)."""
+    import gc
+    import logging
+    from actors.client.metadata import first_answer
+
+    @ray.remote
+    class Answers:
+        def fast(self):
+            return 1
+
+        def late_failure(self):
+            time.sleep(0.3)
+            raise ValueError("late failure")
+
+    logged: list = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    worker_log = logging.getLogger("ray._private.worker")
+    worker_log.addHandler(handler)
+    actor = Answers.remote()
+    try:
+        ray.get(actor.fast.remote(), timeout=30)
+        refs = {actor.fast.remote(): "fast", actor.late_failure.remote(): "late"}
+        assert first_answer(refs, 10) == ("fast", 1)
+        del refs
+        time.sleep(1.5)                         # the late call fails meanwhile
+        gc.collect()
+        time.sleep(1.0)
+        assert not [m for m in logged if "Unhandled error" in m], logged
+    finally:
+        worker_log.removeHandler(handler)
+        ray.kill(actor)

@@ -53,6 +53,30 @@ def broker_handle(namespace: str, broker_id: int):
     return ray.get_actor(broker_actor_name(broker_id), namespace=namespace)
 
 
+#: how long the answers a caller moved on without are still waited for, to be read
+LEFTOVER_WAIT_S = 60.0
+
+
+def settle_later(refs) -> None:
+    """Read, on a daemon thread, the answers to Ray calls ``refs`` that the caller moved on
+    without (a paused broker's, one that lost the race to another): a failed call whose
+    reference is dropped unread makes Ray log an "Unhandled error" with its traceback in
+    the caller's process, in the middle of a CLI command's output or a user's script."""
+    refs = list(refs)
+    if not refs:
+        return
+
+    def settle():
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=LEFTOVER_WAIT_S)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:  # noqa: BLE001 - read so that Ray does not report it
+                pass
+
+    threading.Thread(target=settle, daemon=True, name="settle-ray-answers").start()
+
+
 def answers_within(refs: dict, timeout_s: float) -> tuple[dict, list]:
     """The answers to Ray calls ``refs`` ({object ref: key}) that arrive within one deadline
     of ``timeout_s``, all awaited together (one ray.wait): ``({key: value}, [keys with no
@@ -60,7 +84,8 @@ def answers_within(refs: dict, timeout_s: float) -> tuple[dict, list]:
     paused actor costs the deadline once, however many calls it has."""
     if not refs:
         return {}, []
-    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    settle_later(late)
     answers = {}
     for ref in ready:
         try:
@@ -86,9 +111,11 @@ def first_answer(refs: dict, timeout_s: float, *, accept=None) -> tuple:
             value = ray.get(ready[0], timeout=0)
             if accept is not None:
                 value = accept(refs[ready[0]], value)
+            settle_later(pending)
             return refs[ready[0]], value
         except Exception as exc:  # noqa: BLE001 - another may answer
             last = exc
+    settle_later(pending)
     return None, last
 
 
@@ -142,6 +169,7 @@ class Metadata:
                     break
                 # the newest of what the others answer within a short grace
                 deadline = min(deadline, time.monotonic() + NEWEST_GRACE_S)
+        settle_later(pending)
         if best is None:
             raise NoBrokersAvailable(f"no broker of namespace {self.namespace!r} answered "
                                      f"({last_exc!r})")
@@ -297,12 +325,15 @@ class Metadata:
         """The metadata of every broker that answers and that the newest answer lists as
         live (a broker that is not registered any more keeps an old cache: it is skipped)."""
         refs, _ = self._ask_all(self._candidate_ids())
-        answers = []
+        answers, late = [], []
         for ref, bid in refs.items():
             try:
                 answers.append((bid, ray.get(ref, timeout=METADATA_CALL_TIMEOUT_S)))
+            except ray.exceptions.GetTimeoutError:
+                late.append(ref)
             except Exception:  # noqa: BLE001 - a dead or slow broker knows nothing
                 continue
+        settle_later(late)
         if not answers:
             return []
         newest = max((snap for _, snap in answers), key=_stamp)
@@ -383,6 +414,7 @@ class WireMetadata(Metadata):
         self._refreshing = threading.Lock()     # one refresh at a time (Kafka's clients too)
         self._newest = False                    # whether the last refresh merged them all
         self._asking = threading.local()        # set on the threads that ask the brokers
+        self._waiting_on: set[int] = set()      # brokers an earlier refresh still asks
 
     def attach(self, network) -> None:
         """The client's BrokerConnections, which the refreshes use from now on."""
@@ -421,9 +453,13 @@ class WireMetadata(Metadata):
         """Every broker of the cached snapshot asked at once (each on a thread of its own:
         opening a connection to a paused broker blocks); the first answer with a
         controller, or with ``newest`` the merge of those that come within a short grace
-        after it (all of them, usually, in a millisecond); None when none answered."""
+        after it (all of them, usually, in a millisecond); None when none answered. A
+        broker an earlier refresh is still waiting for (paused) is not asked again, so
+        refreshes retried against a paused broker do not pile threads up."""
         with self._lock:
-            ids = [int(b) for b in (self._snapshot.get("brokers") or {})]
+            ids = [int(b) for b in (self._snapshot.get("brokers") or {})
+                   if int(b) not in self._waiting_on]
+            self._waiting_on.update(ids)
         if not ids:
             return None
         random.shuffle(ids)
@@ -461,6 +497,9 @@ class WireMetadata(Metadata):
         except Exception as exc:  # noqa: BLE001 - another broker, or Ray, answers
             log.debug("metadata from broker %d: %r", broker_id, exc)
             answers.put(None)
+        finally:
+            with self._lock:
+                self._waiting_on.discard(broker_id)
 
 
 def client_metadata(metadata):
