@@ -384,26 +384,15 @@ class Consumer:
         self._set_assignment(tps)
 
     def _read_topics(self) -> dict:
-        """``{topic: [partitions]}`` of every topic, for the subscription: a Metadata
-        request to a live broker of the cached metadata (Kafka's periodic refresh, no Ray
-        call); the brokers' caches through Ray when no listener answers."""
-        brokers = known_broker_ids(self.metadata)
+        """``{topic: [partitions]}`` of every topic, for the subscription: the client's
+        metadata read afresh (a Metadata request to the brokers, Kafka's periodic refresh;
+        Ray only when no listener answers), then the creation of the subscribed topics it
+        lacks asked for."""
+        topics = {t: sorted(int(p) for p in parts)
+                  for t, parts in self.metadata.refresh().get("topics", {}).items()}
         timeout_s = min(self.config["request_timeout_ms"] / 1000, METADATA_WAIT_S)
-        for broker_id in brokers:
-            try:
-                broker_id = int(broker_id)
-                future = self._network.send(broker_id, wire.METADATA,
-                                            {"topics": None,
-                                             "allow_auto_topic_creation": False})
-                body = wait_answer(self._network, broker_id, future, timeout_s, "metadata")
-            except Exception:  # noqa: BLE001 - another broker, or the Ray path, answers
-                continue
-            topics = {t["name"]: sorted(p["partition_index"] for p in t["partitions"])
-                      for t in body["topics"] if t["error_code"] == 0 and t["name"]}
-            self._ask_to_create(sorted(self._subscription - topics.keys()), timeout_s)
-            return topics
-        topics = self.metadata.refresh().get("topics", {})
-        return {t: sorted(int(p) for p in parts) for t, parts in topics.items()}
+        self._ask_to_create(sorted(self._subscription - topics.keys()), timeout_s)
+        return topics
 
     def _ask_to_create(self, missing: list[str], timeout_s: float) -> None:
         """A Metadata request naming the subscribed topics the listing lacks, allowing

@@ -324,8 +324,6 @@ class BrokerFetcherThread:
         except NetworkError:
             raise
         except Exception as exc:  # noqa: BLE001 - leader not ready, replica busy: later
-            if p.channel is not None and not p.channel.alive:
-                self._drop_channel(p)
             self._failed(p, "truncation by epoch", exc, TRUNCATION_FAILURES_BEFORE_WARNING)
             self._delay([p])
             return
