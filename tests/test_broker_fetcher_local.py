@@ -17,6 +17,8 @@ from actors.server.fetcher import FetcherSettings
 from actors.server.handlers import BrokerEndpoint, KafkaApis
 from actors.server.network import SocketServer, SocketServerConfig
 from actors.server.replica import PartitionReplica
+from actors import wire
+from actors.connection import KafkaConnection
 from actors.server.replica_channel import ReplicaChannel, wait
 from storage.records import build, decode_records
 
@@ -44,10 +46,6 @@ class _Local:
 
     def channel(self, handle):
         return ReplicaChannel(handle.channel_address(), reader_thread=False)
-
-    def leader_offsets(self, topic, partition, leader_id):
-        log = self.leaders[(topic, partition)].log
-        return log.log_start_offset, log.log_end_offset
 
 
 class Pair:
@@ -231,3 +229,48 @@ def test_a_follower_far_behind_catches_up_on_thousands_of_small_batches(pair):
     _until(lambda: follower.log.log_end_offset == 1500, timeout_s=20,
            what="the follower caught up")
     assert follower.log.read(0, 1 << 22) == leader.log.read(0, 1 << 22)
+
+
+def test_a_follower_below_the_leaders_log_start_starts_over_there_asking_over_the_wire(pair):
+    """A follower whose fetch offset is below the leader's log start (records deleted while
+    it was away) gets OFFSET_OUT_OF_RANGE, asks the leader's offsets with ListOffsets on
+    its fetch connection (no Ray here to ask), starts over at the log start and catches
+    up byte-identically from there."""
+    key = ("t", 0)
+    leader, follower = pair.leaders[key], pair.followers[key]
+    pair.epochs[key] = 1
+    leader.become_leader(1, [LEADER, FOLLOWER], [LEADER])    # alone in the ISR: HW = LEO
+    for i in range(20):
+        leader.produce(build([b"r%d" % i]), 1, 1000)
+    assert leader.delete_records_before(10) == 10
+    state = follower.become_follower(LEADER, 1, [0, 1], [0], fetch=False)
+    pair.manager.follow(*key, LEADER, 1, state["generation"], follower)
+    _until(lambda: follower.log.log_end_offset == 20, what="the follower caught up")
+    assert follower.log.log_start_offset == 10
+    assert [r.value for r in decode_records(follower.log.read(10, 1 << 20))] == \
+        [b"r%d" % i for i in range(10, 20)]
+    assert follower.log.read(10, 1 << 20) == leader.log.read(10, 1 << 20)
+
+
+def test_list_offsets_from_a_follower_broker_answers_the_log_end_not_the_hw(pair):
+    """ListOffsets latest with a broker id as replica_id is answered the leader's log end
+    offset (what a follower needs after OFFSET_OUT_OF_RANGE, as Kafka answers it); a
+    consumer's (replica_id -1) the high watermark, which the unreplicated records are past."""
+    key = ("t", 0)
+    leader = pair.leaders[key]
+    leader.produce(build([b"a", b"b", b"c"]), 1, 1000)      # nobody fetched: HW 0, LEO 3
+    assert (leader.high_watermark, leader.log.log_end_offset) == (0, 3)
+    conn = KafkaConnection("127.0.0.1", pair.server.port)
+    try:
+        def latest(replica_id):
+            body = {"replica_id": replica_id, "isolation_level": 0, "topics": [
+                {"name": "t", "partitions": [{"partition_index": 0,
+                                              "current_leader_epoch": 0, "timestamp": -1}]}]}
+            part = conn.request(wire.LIST_OFFSETS, body).result(10)["topics"][0][
+                "partitions"][0]
+            assert part["error_code"] == wire.NONE
+            return part["offset"]
+        assert latest(-1) == 0
+        assert latest(FOLLOWER) == 3
+    finally:
+        conn.close()

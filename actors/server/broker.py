@@ -160,7 +160,7 @@ class Broker:
         # replication over Kafka's Fetch: one thread per leader broker (broker_fetcher.py)
         self.fetchers = BrokerFetcherManager(
             broker_id, FetcherSettings.from_config(self.config), self._endpoint,
-            RayLocalReplicas(self.namespace))
+            RayLocalReplicas())
         self.replica_manager.fetchers = self.fetchers
         self.admin: AdminManager | None = None          # once ZooKeeper is connected
         self._lock = threading.Lock()                   # guards metadata and its stamp

@@ -346,8 +346,9 @@ class BrokerBackend:
         return result
 
     def list_offset(self, topic: str, partition: int, timestamp: int, *,
-                    isolation_level: int) -> tuple[int, int]:
-        return self._ask(topic, partition, lambda c: c.list_offset(timestamp))
+                    isolation_level: int, from_follower: bool = False) -> tuple[int, int]:
+        return self._ask(topic, partition,
+                         lambda c: c.list_offset(timestamp, from_follower=from_follower))
 
     def end_offset_for_epoch(self, topic: str, partition: int,
                              leader_epoch: int) -> EpochEndOffset:

@@ -23,7 +23,8 @@ Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved
    awaited: the next Fetch carries the new log end), one with only a new high watermark
    too, but without an answer to wait for (HW: a message instead of a round trip);
 3. errors per partition: OFFSET_OUT_OF_RANGE cuts to the leader's log end or starts over at
-   its log start; a fenced or unknown epoch, a leader that is not (yet) the leader, a
+   its log start (both asked with ListOffsets on the same connection, our broker id as
+   ``replica_id``, so latest is the leader's log end offset); a fenced or unknown epoch, a leader that is not (yet) the leader, a
    failed append or a dead replica channel delays the partition ``replica.fetch.backoff.ms``
    (it leaves the Fetch until then, so one bad partition never turns the long poll into a
    busy loop); batches that do not follow the replica's log end make it truncate again.
@@ -40,8 +41,8 @@ became a follower (``PartitionReplica.become_follower(fetch=False)``); once it h
 the thread. ``follow``/``unfollow`` come from the broker's ReplicaManager after each
 LeaderAndIsr and StopReplica.
 
-The local replicas are reached through ``LocalReplicas`` (Ray + the replica channels in
-production), the leader brokers' addresses through ``endpoint(broker_id)``, so the rules
+The local replicas are reached through ``LocalReplicas`` (Ray for a channel's address,
+then the replica channels, in production), the leader brokers' addresses through ``endpoint(broker_id)``, so the rules
 above are tested with in-process replicas and listeners.
 
 Thread-safety: ``follow``/``unfollow``/``status``/``close`` from any thread; each fetcher
@@ -75,6 +76,7 @@ FAILURES_BEFORE_WARNING = 5         # failed appends in a row before a WARNING
 TRUNCATION_FAILURES_BEFORE_WARNING = 50   # (about 5 s of replica.fetch.backoff.ms)
 RESPONSE_MAX_BYTES = 10 << 20       # replica.fetch.response.max.bytes (Kafka's default)
 _OUT_OF_RANGE = wire.ERRORS_BY_NAME["OFFSET_OUT_OF_RANGE"].code
+LATEST, EARLIEST = -1, -2           # ListOffsets timestamps
 
 
 class LocalReplicas(Protocol):
@@ -84,9 +86,6 @@ class LocalReplicas(Protocol):
         """An open ReplicaChannel to the replica (a new one after the last died), for the
         fetcher thread alone: without a reader thread, answers read with ``result``. It
         carries the appends (APPLY, HW) and the truncation calls (FOLLOWER)."""
-
-    def leader_offsets(self, topic: str, partition: int, leader_id: int) -> tuple[int, int]:
-        """(log start, log end) of the leader's replica (after OFFSET_OUT_OF_RANGE)."""
 
 
 @dataclass
@@ -125,13 +124,27 @@ class _WireLeader:
         body = {"replica_id": self.broker_id, "topics": [{"topic": self.p.topic, "partitions": [
             {"partition": self.p.partition, "current_leader_epoch": self.p.leader_epoch,
              "leader_epoch": leader_epoch}]}]}
-        answer = self.conn.request(wire.OFFSET_FOR_LEADER_EPOCH, body).result(REQUEST_TIMEOUT_S)
+        part = self._ask(wire.OFFSET_FOR_LEADER_EPOCH, body, "OffsetForLeaderEpoch")
+        return EpochEndOffset(part["leader_epoch"], part["end_offset"])
+
+    def log_offset(self, timestamp: int) -> int:
+        """The leader's log end (LATEST: a ListOffsets with our broker id as replica_id
+        is answered the LEO, not the HW) or log start (EARLIEST) offset."""
+        body = {"replica_id": self.broker_id, "isolation_level": 0, "topics": [
+            {"name": self.p.topic, "partitions": [
+                {"partition_index": self.p.partition,
+                 "current_leader_epoch": self.p.leader_epoch, "timestamp": timestamp}]}]}
+        return self._ask(wire.LIST_OFFSETS, body, "ListOffsets")["offset"]
+
+    def _ask(self, api: int, body: dict, name: str) -> dict:
+        """The one partition's answer to a request about it; its error code raised."""
+        answer = self.conn.request(api, body).result(REQUEST_TIMEOUT_S)
         part = answer["topics"][0]["partitions"][0]
         error = wire.error_for_code(part["error_code"], f"{self.p.topic}-{self.p.partition}: "
-                                    f"OffsetForLeaderEpoch from broker {self.p.leader_id}")
+                                    f"{name} from broker {self.p.leader_id}")
         if error is not None:
             raise error
-        return EpochEndOffset(part["leader_epoch"], part["end_offset"])
+        return part
 
 
 class _ChannelSide:
@@ -369,7 +382,7 @@ class BrokerFetcherThread:
                     continue
                 code = part["error_code"]
                 if code != wire.NONE:
-                    self._partition_error(p, code)
+                    self._partition_error(conn, p, code)
                     continue
                 records = part["records"]
                 hw = part["high_watermark"]
@@ -426,9 +439,9 @@ class BrokerFetcherThread:
         p.fetch_offset, p.high_watermark = position
         return True
 
-    def _partition_error(self, p: _Followed, code: int) -> None:
+    def _partition_error(self, conn: KafkaConnection, p: _Followed, code: int) -> None:
         if code == _OUT_OF_RANGE:
-            self._out_of_range(p)
+            self._out_of_range(conn, p)
             return
         error = wire.error_for_code(code, f"{p.topic}-{p.partition}")
         level = logging.DEBUG if isinstance(error, (NotLeaderForPartitionError,
@@ -438,12 +451,16 @@ class BrokerFetcherThread:
                    f"{self.leader_id} answered {error!r}; retrying", level=level)
         self._delay([p])
 
-    def _out_of_range(self, p: _Followed) -> None:
-        """The leader refused our fetch offset: below its log start -> start over at its log
-        start; past its LEO (an unclean election lost records) -> cut to its LEO."""
+    def _out_of_range(self, conn: KafkaConnection, p: _Followed) -> None:
+        """The leader refused our fetch offset: past its LEO (an unclean election lost
+        records) -> cut to its LEO; below its log start -> start over at its log start.
+        The leader's offsets come from ListOffsets on the fetcher's own connection (as
+        Kafka's fetcher asks them: latest first, then earliest)."""
         try:
             side = _ChannelSide(self._channel(p))
-            start, end = self.manager.local.leader_offsets(p.topic, p.partition, p.leader_id)
+            leader = _WireLeader(conn, self.manager.broker_id, p)
+            end = leader.log_offset(LATEST)
+            start = leader.log_offset(EARLIEST) if p.fetch_offset <= end else -1
             if p.fetch_offset > end:
                 log.warning("%s: %s-%d LEO %d is past leader %d's LEO %d: truncating to it",
                             self.name, p.topic, p.partition, p.fetch_offset, p.leader_id, end)
@@ -531,21 +548,13 @@ class BrokerFetcherManager:
 # -- Ray ------------------------------------------------------------------------------------
 class RayLocalReplicas:
     """LocalReplicas over Ray: a replica's channel address through its actor handle (once
-    per channel); a leader's offsets through its actor, found by name in ``namespace``
-    (after OFFSET_OUT_OF_RANGE only)."""
-
-    def __init__(self, namespace: str | None):
-        self.namespace = namespace
+    per channel)."""
 
     def channel(self, handle):
         import ray
         from .replica_channel import ReplicaChannel
         address = ray.get(handle.channel_address.remote(), timeout=REQUEST_TIMEOUT_S)
         return ReplicaChannel(address, reader_thread=False)
-
-    def leader_offsets(self, topic, partition, leader_id):
-        from .fetcher import RayLeaderLink
-        return RayLeaderLink(self.namespace, topic, partition, leader_id).log_offsets()
 
 
 __all__ = ["BrokerFetcherManager", "BrokerFetcherThread", "LocalReplicas",

@@ -153,9 +153,10 @@ class Backend(Protocol):
         without the method is always read."""
 
     def list_offset(self, topic: str, partition: int, timestamp: int, *,
-                    isolation_level: int) -> tuple[int, int]:
-        """(timestamp, offset) for ListOffsets: -1 latest, -2 earliest, else the first
-        record with a timestamp >= it ((-1, -1) when none)."""
+                    isolation_level: int, from_follower: bool = False) -> tuple[int, int]:
+        """(timestamp, offset) for ListOffsets: -1 latest (the high watermark; the log
+        end offset ``from_follower``), -2 earliest, else the first record with a timestamp
+        >= it ((-1, -1) when none). ``from_follower`` is passed only when True."""
 
     def end_offset_for_epoch(self, topic: str, partition: int,
                              leader_epoch: int) -> EpochEndOffset: ...
@@ -591,17 +592,29 @@ class KafkaApis:
     def list_offsets(self, request: Request):
         body = self._body(request)
         isolation = body["isolation_level"]
-        denied = self.denied_topics(request, "Describe", [t["name"] for t in body["topics"]])
+        # a follower broker's (replica_id >= 0, after OFFSET_OUT_OF_RANGE): latest is the
+        # leader's log end offset, not its HW, as Kafka answers it; a replication request,
+        # so ClusterAction, as OffsetForLeaderEpoch from a follower
+        follower = body.get("replica_id", -1) >= 0
+        if follower:
+            cluster_ok = self.access.allowed(request, "ClusterAction", "Cluster", CLUSTER)
+            denied = set() if cluster_ok else {t["name"] for t in body["topics"]}
+        else:
+            denied = self.denied_topics(request, "Describe",
+                                        [t["name"] for t in body["topics"]])
+        extra = {"from_follower": True} if follower else {}
 
         def answer(topic: str, p: dict) -> dict:
             index = p["partition_index"]
             try:
                 if topic in denied:
-                    raise TopicAuthorizationFailedError(topic)
+                    raise (ClusterAuthorizationFailedError("replication") if follower
+                           else TopicAuthorizationFailedError(topic))
                 epoch = self.backend.leader_epoch(topic, index)
                 _check_epoch(p["current_leader_epoch"], epoch)
                 timestamp, offset = self.backend.list_offset(topic, index, p["timestamp"],
-                                                             isolation_level=isolation)
+                                                             isolation_level=isolation,
+                                                             **extra)
                 return {"partition_index": index, "error_code": wire.NONE,
                         "timestamp": timestamp, "offset": offset, "leader_epoch": epoch}
             except Exception as exc:

@@ -134,7 +134,7 @@ class LogBackend:
         return FetchResult(data, end, log.log_start_offset, end)
 
     def list_offset(self, topic: str, partition: int, timestamp: int, *,
-                    isolation_level: int) -> tuple[int, int]:
+                    isolation_level: int, from_follower: bool = False) -> tuple[int, int]:
         log = self._partition(topic, partition).log
         return list_offset_in_log(log, timestamp, log.log_end_offset)
 

@@ -523,11 +523,15 @@ class PartitionReplica:
                 :max_offsets - 1]
         return self.log.offsets_before(time_ms, max_offsets)
 
-    def list_offset(self, timestamp: int) -> tuple[int, int]:
+    def list_offset(self, timestamp: int, *, from_follower: bool = False
+                    ) -> tuple[int, int]:
         """ListOffsets as this partition's leader answers it (list_offsets.py): (timestamp,
-        offset) for -1 (latest: the HW), -2 (earliest), -3 (the largest timestamp) or a
-        timestamp."""
+        offset) for -1 (latest: the HW; the log end offset ``from_follower``, a follower
+        broker's request, as Kafka answers one with a replica id), -2 (earliest), -3 (the
+        largest timestamp) or a timestamp."""
         self._require_leader_for_reads()
+        if from_follower and timestamp == -1:
+            return -1, self.log.log_end_offset
         return list_offset_in_log(self.log, timestamp, self.high_watermark)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:

@@ -31,8 +31,11 @@ ends run, since both ends are started from one installation):
       HW        as APPLY without batches (no response: the leader's HW and log start for a
                 follower whose fetch brought no records; the fetcher does not wait for it,
                 and a replica that moved on shows in the next APPLY's answer)
-      LIST_OFFSET  i64 timestamp (ListOffsets at the leader: -1 latest, -2 earliest, -3
-                the largest timestamp, else the first record at or after it)
+      LIST_OFFSET  i64 timestamp [| u8 from_follower] (ListOffsets at the leader: -1
+                latest, -2 earliest, -3 the largest timestamp, else the first record at or
+                after it; latest is the high watermark, or the log end offset when
+                from_follower is 1: a follower broker's ListOffsets, as Kafka answers a
+                request with a replica id)
       EPOCH_END    i32 leader_epoch (OffsetForLeaderEpoch at the leader, KIP-101)
       FOLLOWER     u8 call | i64 generation | i64 argument: a follower replica's side of a
                 truncation (KIP-101/279), asked by its broker's fetcher once per leader
@@ -121,6 +124,7 @@ _REPLICA_FETCH = struct.Struct("<iiqi")  # follower_id, leader_epoch, offset, ma
 _APPLY = struct.Struct("<qqqq")        # generation, fetch_offset, hw, log_start
 _APPLIED = struct.Struct("<qq")        # log_end, hw
 _TIMESTAMP = struct.Struct("<q")       # a ListOffsets timestamp
+_FROM_FOLLOWER = struct.Struct("<qB")  # a ListOffsets timestamp, from a follower
 _LISTED = struct.Struct("<qq")         # timestamp, offset
 _EPOCH = struct.Struct("<i")           # leader_epoch
 _EPOCH_END = struct.Struct("<iq")      # leader_epoch, end_offset
@@ -401,7 +405,9 @@ class ReplicaChannelServer:
                     log.debug("replica channel: HW %d refused: %s", hw, exc)
             elif op == LIST_OFFSET:
                 (timestamp,) = _TIMESTAMP.unpack_from(body, 0)
-                answer = _LISTED.pack(*self.replica.list_offset(timestamp))
+                follower = len(body) >= _FROM_FOLLOWER.size and body[_TIMESTAMP.size] == 1
+                answer = _LISTED.pack(*self.replica.list_offset(timestamp,
+                                                                from_follower=follower))
                 send([_RESP.pack(5 + len(answer), request_id, OK) + answer])
             elif op == EPOCH_END:
                 (epoch,) = _EPOCH.unpack_from(body, 0)
@@ -648,9 +654,13 @@ class ReplicaChannel:
         head = _FETCH.pack(offset, max_bytes, max_wait_ms, min_bytes, ISOLATION[isolation])
         return self._request(FETCH, [head], None)
 
-    def list_offset(self, timestamp: int) -> concurrent.futures.Future:
-        """ListOffsets at this leader replica: a future of (timestamp, offset)."""
-        return self._request(LIST_OFFSET, [_TIMESTAMP.pack(timestamp)], None)
+    def list_offset(self, timestamp: int, *, from_follower: bool = False
+                    ) -> concurrent.futures.Future:
+        """ListOffsets at this leader replica: a future of (timestamp, offset); latest
+        (-1) is the log end offset instead of the HW ``from_follower``."""
+        head = _FROM_FOLLOWER.pack(timestamp, 1) if from_follower \
+            else _TIMESTAMP.pack(timestamp)
+        return self._request(LIST_OFFSET, [head], None)
 
     def end_offset_for_epoch(self, leader_epoch: int) -> concurrent.futures.Future:
         """OffsetForLeaderEpoch at this leader replica: a future of an EpochEndOffset."""
