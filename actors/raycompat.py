@@ -63,6 +63,7 @@ def init_local(namespace: str, *, dashboard: bool = False, **kwargs) -> None:
     to) on 127.0.0.1 at a free port; ``dashboard_url()`` tells where.
     """
     if ray.is_initialized():
+        _hook_driver_messages()
         return
     _rayenv.for_ray_we_start()
     _loopback()
@@ -118,6 +119,9 @@ def init_attach(namespace: str) -> None:
     already (a driver that called ``ray.init`` itself; a Ray task or actor): the Ray the
     state file of ``raykafka start`` records, else ``RAY_ADDRESS`` (``attach_address``)."""
     if ray.is_initialized():
+        # A driver that called ray.init itself (a `ray job submit` script) gets the
+        # raylet's worker-count warning too, as soon as a group's member actors start.
+        _hook_driver_messages()
         return
     from .errors import ClusterNotFoundError
     state = read_state(namespace)

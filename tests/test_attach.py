@@ -86,6 +86,27 @@ def test_a_process_attached_already_uses_its_own_ray(no_ray, monkeypatch):
     assert calls == []
 
 
+def test_a_driver_that_called_ray_init_itself_is_spared_the_worker_count_warning(
+        no_ray, monkeypatch):
+    """A `ray job submit` script calls ray.init, then Cluster.connect: the raylet's "worker
+    processes have been started" push (which a group's member actors set off) is left out
+    of its output as it is for a Ray raykafka started; Ray's other pushes still print."""
+    import ray._private.worker as worker
+    printed = []
+    monkeypatch.setattr(worker, "print_to_stdstream",
+                        lambda data, ignore_prefix: printed.append(data["lines"]))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.delenv("RAYKAFKA_VERBOSE", raising=False)
+    raycompat.init_attach("nope")
+    warning = ("WARNING: 30 PYTHON worker processes have been started on node: 68c7 with "
+               "address: 127.0.0.1, which is 15x the maximum expected startup concurrency")
+    worker.print_to_stdstream({"lines": [warning], "pid": "raylet", "is_err": False},
+                              ignore_prefix=False)
+    worker.print_to_stdstream({"lines": ["an actor died"], "pid": "raylet", "is_err": False},
+                              ignore_prefix=False)
+    assert printed == [["an actor died"]]
+
+
 def test_a_dead_recorded_address_fails_fast_naming_where_it_came_from(no_ray):
     """A state file (or RAY_ADDRESS) naming an address where nothing listens fails with
     ClusterNotFoundError within a second, before ray.init (which retried it for minutes),
