@@ -209,6 +209,30 @@ def test_consumer_returns_as_soon_as_one_partition_has_records(cluster):
     assert len(waits(md, 0)) == 1, "partition 0's fetch was still waiting"
 
 
+def test_a_record_does_not_wait_out_another_partitions_long_poll_at_its_broker(cluster):
+    """Two partitions on one broker: after a poll that brought records of partition 0
+    only, a record appended to partition 1 reaches the next poll at once. A broker answers
+    a connection's requests in order, so a second Fetch (for partition 1) behind the first
+    one's long poll (partition 0, nothing new) waited out fetch_max_wait_ms: the last
+    records of replication_bench's e2e run arrived 500 ms late. One Fetch in flight per
+    broker, carrying all its partitions, as Kafka's consumer sends."""
+    md = cluster(n_brokers=1, partitions=2)
+    consumer = Consumer(md, fetch_max_wait_ms=4000)
+    consumer.assign([("t", 0), ("t", 1)])
+    consumer.seek(("t", 0), 0)
+    consumer.seek(("t", 1), 0)
+    md.brokers[0].backend.append_records(0, [b"a0"])
+    got = consumer.poll(timeout_ms=5000)
+    assert [r.value for r in got[("t", 0)]] == [b"a0"]
+    writer = append_later(md, 1, [b"b0"], 0.2)
+    t0 = time.monotonic()
+    got = consumer.poll(timeout_ms=8000)
+    elapsed = time.monotonic() - t0
+    writer.join()
+    assert [r.value for r in got[("t", 1)]] == [b"b0"]
+    assert elapsed < 2.0, f"partition 1's record waited {elapsed:.2f}s (the long poll: 4 s)"
+
+
 def test_consumer_sends_one_fetch_per_broker_for_all_its_partitions(cluster):
     """A consumer assigned four partitions led by two brokers sends each broker ONE Fetch
     carrying both of its partitions, and gets every partition's records."""

@@ -6,17 +6,20 @@ or from ``subscribe`` (every partition of the matching topics, re-read as topics
 Positions start per ``auto_offset_reset``; an out-of-range position is reset the same way.
 
 Fetching is Kafka's: ONE Fetch request per leader broker carries every assigned partition
-it leads that has no fetch in flight (``network.BrokerConnections``: a connection per
-broker kept for fetches, the brokers found in the cached metadata, so a steady poll makes
-no Ray call), a long poll with ``max_wait_ms`` = min(time left in the ``poll``,
-``fetch_max_wait_ms``) and ``min_bytes`` = ``fetch_min_bytes``: the broker parks it in its
-purgatory until data is committed (or the wait ends), and the consumer sees a record about
-one round trip after its commit, without polling in a loop. When a broker answers, the
-next Fetch for its partitions that brought data goes out before the answer is decoded (the
-Java consumer's pipelining). ``poll`` returns as soon as any partition answers with
-records; fetches still waiting stay in flight for the next ``poll`` (never more than one per
-partition, so waiting requests do not pile up on a broker). A ``seek`` abandons its
-partition's fetch in flight (its answer, for the old position, is never used). Positions
+it leads (``network.BrokerConnections``: a connection per broker kept for fetches, the
+brokers found in the cached metadata, so a steady poll makes no Ray call), a long poll
+with ``max_wait_ms`` = min(time left in the ``poll``, ``fetch_max_wait_ms``) and
+``min_bytes`` = ``fetch_min_bytes``: the broker parks it in its purgatory until data is
+committed (or the wait ends), and the consumer sees a record about one round trip after
+its commit, without polling in a loop. At most one Fetch is in flight per broker, as in
+Kafka's consumer: a broker answers a connection's requests in order, so a second one
+would wait out the first one's long poll (it did: a record on a quiet partition waited
+``fetch_max_wait_ms`` behind its neighbour's fetch). When a broker answers with data, its
+next Fetch, for all its partitions, goes out before the answer is decoded (the Java
+consumer's pipelining). ``poll`` returns as soon as any partition answers with records;
+fetches still waiting stay in flight for the next ``poll``. A ``seek`` abandons its
+partition's fetch in flight (its answer, for the old position, is never used; the
+broker's next Fetch waits for it). Positions
 start and reset with ListOffsets requests (``auto_offset_reset``; ``seek_to_*``;
 ``beginning_offsets``, ``end_offsets``, ``offsets_for_times``).
 
@@ -234,6 +237,11 @@ class Consumer:
         self._columnar = False                   # which of the two fetches fill
         self._backoffs: dict[tuple[str, int], _Backoff] = {}
         self._inflight: dict[tuple[str, int], _InFlight] = {}
+        # broker id -> the last Fetch sent to it: a broker answers a connection's requests
+        # in order, so a second Fetch behind a long poll would wait it out; one at a time
+        # per broker, as Kafka's consumer (its answer may be one nothing waits for any
+        # more: a partition sought or paused meanwhile)
+        self._fetching: dict[int, concurrent.futures.Future] = {}
         self._closed = False
         self._group: GroupMember | None = None
         self._group_topics: list[str] | None = None
@@ -1116,11 +1124,19 @@ class Consumer:
             asked[tp] = offset
         return set(self._fetch_at(asked, max_wait_ms, install=True))
 
+    def _busy_brokers(self) -> set:
+        """The brokers with a Fetch of ours still unanswered (or answered and not taken)."""
+        busy = {f.broker_id for f in self._inflight.values()}
+        busy.update(b for b, future in self._fetching.items() if not future.done())
+        return busy
+
     def _fetch_at(self, asked: dict, max_wait_ms: int, *, install: bool) -> dict:
         """Fetch ``asked`` (``{tp: offset}``): one request per leader broker, a long poll
         of ``max_wait_ms``; ``{tp: _InFlight}`` of the partitions sent (installed as in
         flight with ``install``). A partition that cannot be sent is put in backoff
-        (``install``) or left out."""
+        (``install``) or left out. With ``install`` (a round), a broker with a Fetch in
+        flight is left out: its partitions go with its next one (``_take_answer``)."""
+        busy = self._busy_brokers() if install else ()
         groups: dict[int, list] = {}
         for tp, offset in asked.items():
             try:
@@ -1132,6 +1148,8 @@ class Consumer:
         expires_s = time.monotonic() + (self.config["request_timeout_ms"] + max_wait_ms) / 1000
         partition_max_bytes = self.config["fetch_max_bytes"]
         for broker_id, tps in groups.items():
+            if broker_id in busy:
+                continue
             body = fetch_body([(t, p, asked[(t, p)], partition_max_bytes) for t, p in tps],
                               max_wait_ms=max_wait_ms,
                               min_bytes=self.config["fetch_min_bytes"],
@@ -1143,6 +1161,7 @@ class Consumer:
                     for tp in tps:
                         self._failed(tp, exc)
                 continue
+            self._fetching[broker_id] = future
             for tp in tps:
                 out[tp] = _InFlight(asked[tp], future, expires_s, broker_id)
         if install:
@@ -1150,9 +1169,11 @@ class Consumer:
         return out
 
     def _take_answer(self, future, tps) -> None:
-        """A broker's answer to the Fetch ``future`` for ``tps``: the next Fetch for the
-        partitions that brought data goes out first (the broker reads while this process
-        decodes: the Java consumer's pipelining), then each partition's part is taken."""
+        """A broker's answer to the Fetch ``future`` for ``tps``: when a partition brought
+        data, the broker's next Fetch goes out first (it reads while this process decodes:
+        the Java consumer's pipelining), for ALL its partitions that can be fetched (the
+        quiet ones too: a later Fetch would queue behind this long poll on the
+        connection); then each partition's part is taken."""
         fetches = {tp: self._inflight.pop(tp) for tp in tps}
         try:
             outcomes = parse_fetch(future.result())
@@ -1161,23 +1182,59 @@ class Consumer:
         error = outcomes.pop(None, None)
         ahead_at: dict = {}
         parts: dict = {}
+        moved = False
         for tp, fetch in fetches.items():
             outcome = outcomes.get(tp, error)
             if outcome is None:
                 outcome = KafkaTimeoutError(f"the answer to a fetch of {tp[0]}-{tp[1]} "
                                             f"left it out")
             parts[tp] = outcome
-            if isinstance(outcome, BaseException) or self._positions.get(tp) != fetch.offset:
+            if (isinstance(outcome, BaseException) or self._positions.get(tp) != fetch.offset
+                    or tp in self._paused):
                 continue
             try:
                 following = next_fetch_offset(outcome.data)
             except CorruptRecordError:
-                following = None                   # the decode reports it
-            if following is not None and following > fetch.offset and tp not in self._paused:
+                continue                           # the decode reports it
+            if following is not None and following > fetch.offset:
                 ahead_at[tp] = following
-        ahead = self._prefetch(ahead_at)
+                moved = True
+            else:
+                ahead_at[tp] = fetch.offset        # nothing new: asked again as it was
+        held: dict = {}
+        if moved:
+            held = self._fetchable_at(next(iter(fetches.values())).broker_id, fetches)
+            ahead = self._prefetch({**ahead_at, **held})
+        else:
+            # a long poll that ran out (or a broker that answers at once): the next round
+            # asks again, paced by poll
+            ahead = {}
+        for tp in held:
+            if tp in ahead:
+                self._inflight[tp] = ahead[tp]
         for tp, fetch in fetches.items():
             self._take(tp, fetch, parts[tp], ahead.get(tp))
+
+    def _fetchable_at(self, broker_id: int, besides) -> dict:
+        """``{tp: position}`` of the assigned partitions led by ``broker_id`` that a round
+        would fetch now (none in flight, not paused, not in backoff, position known),
+        except ``besides``: held back while the broker had a Fetch in flight."""
+        now = time.monotonic()
+        out = {}
+        for tp in self._assigned:
+            if tp in besides or tp in self._inflight or tp in self._paused:
+                continue
+            backoff = self._backoffs.get(tp)
+            position = self._positions.get(tp)
+            if position is None or (backoff is not None and backoff.retry_at_s > now):
+                continue
+            try:
+                if self.metadata.leader_broker(*tp)[0] != broker_id:
+                    continue
+            except Exception:  # noqa: BLE001 - the round meets it again
+                continue
+            out[tp] = position
+        return out
 
     def _prefetch(self, asked: dict) -> dict:
         """The next fetches of ``asked`` (``{tp: offset}``, long polls), sent while the
@@ -1215,7 +1272,6 @@ class Consumer:
             following = next_fetch_offset(data)
         except CorruptRecordError:
             following = None                   # the decode below reports it
-        if ahead is not None and ahead.offset != following:
             ahead = None
         if self._columnar:
             table = _columns(tp, fetch.offset, data)
@@ -1369,6 +1425,7 @@ class Consumer:
                 self._buffer = []
                 self._chunks = []
                 self._inflight = {}
+                self._fetching = {}
                 self._network.close()
                 if self._zk is not None:
                     self._zk.close()
