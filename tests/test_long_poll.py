@@ -90,6 +90,18 @@ def append_later(md, partition: int, values, delay_s: float) -> threading.Thread
     return thread
 
 
+def poll_after_append(md, consumer, partition: int, values, delay_s: float,
+                      timeout_ms: int) -> tuple[dict, float]:
+    """``consumer.poll(timeout_ms)`` while ``values`` are appended to ``partition`` after
+    ``delay_s``: (what it returned, seconds it took)."""
+    writer = append_later(md, partition, values, delay_s)
+    t0 = time.monotonic()
+    got = consumer.poll(timeout_ms=timeout_ms)
+    elapsed = time.monotonic() - t0
+    writer.join()
+    return got, elapsed
+
+
 def waits(md, broker: int = 0) -> list:
     """(max_wait_ms, min_bytes) of each Fetch broker ``broker`` received."""
     return [(w, m) for w, m, _ in md.brokers[broker].apis.fetches]
@@ -163,11 +175,7 @@ def test_consumer_poll_waits_at_the_leader_not_in_a_client_loop(cluster):
     consumer = Consumer(md, fetch_max_wait_ms=1000)
     consumer.assign([("t", 0)])
     consumer.seek(("t", 0), 0)
-    writer = append_later(md, 0, [b"late"], 1.5)
-    t0 = time.monotonic()
-    got = consumer.poll(timeout_ms=6000)
-    elapsed = time.monotonic() - t0
-    writer.join()
+    got, elapsed = poll_after_append(md, consumer, 0, [b"late"], 1.5, 6000)
     assert [r.value for r in got[("t", 0)]] == [b"late"]
     assert 1.4 <= elapsed < 5.0, elapsed
     calls = waits(md)
@@ -224,11 +232,7 @@ def test_a_record_does_not_wait_out_another_partitions_long_poll_at_its_broker(c
     md.brokers[0].backend.append_records(0, [b"a0"])
     got = consumer.poll(timeout_ms=5000)
     assert [r.value for r in got[("t", 0)]] == [b"a0"]
-    writer = append_later(md, 1, [b"b0"], 0.2)
-    t0 = time.monotonic()
-    got = consumer.poll(timeout_ms=8000)
-    elapsed = time.monotonic() - t0
-    writer.join()
+    got, elapsed = poll_after_append(md, consumer, 1, [b"b0"], 0.2, 8000)
     assert [r.value for r in got[("t", 1)]] == [b"b0"]
     assert elapsed < 2.0, f"partition 1's record waited {elapsed:.2f}s (the long poll: 4 s)"
 
