@@ -1219,6 +1219,8 @@ class Consumer:
         """``{tp: position}`` of the assigned partitions led by ``broker_id`` that a round
         would fetch now (none in flight, not paused, not in backoff, position known),
         except ``besides``: held back while the broker had a Fetch in flight."""
+        if len(self._inflight) + len(besides) >= len(self._assigned):
+            return {}                              # every partition is in flight or answered
         now = time.monotonic()
         out = {}
         for tp in self._assigned:
