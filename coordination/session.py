@@ -391,16 +391,32 @@ def end_session(settings: ZkSettings, credentials: tuple[int, bytes], *,
     to it with its (id, password) and close it, so its ephemeral nodes go at once (the
     session-clone trick). Only for a session whose owner is known dead: a live owner would
     find its session expired. True when the close was sent; False when no server answered
-    within ``timeout_s`` (the session then expires by itself)."""
-    kazoo = _kazoo_client(settings.connection_string, settings, client_id=tuple(credentials),
+    within ``timeout_s`` (the session then expires by itself).
+
+    The client that attaches is stopped whatever happens: one left running would keep the
+    dead owner's session alive for as long as this process lives (a fresh-clone run: a
+    killed controller's /controller held for 180 s, no controller elected). It attaches
+    without the chroot: kazoo's start reads a chroot's "/" once connected, one more
+    request that can fail, and a session belongs to no path."""
+    kazoo = _kazoo_client(settings.servers, settings, client_id=tuple(credentials),
                           connection_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=0.5))
+    ended = False
     try:
         kazoo.start(timeout=timeout_s)
+        ended = True
     except KazooTimeoutError:
-        kazoo.close()
-        return False
-    try:
-        kazoo.stop()
+        pass
+    except Exception as exc:  # noqa: BLE001 - connected or not, it is stopped below
+        ended = kazoo.connected               # then the stop closes the session
+        log.warning("ending session 0x%x: attaching failed (%s: %s)%s", credentials[0],
+                    type(exc).__name__, exc, "; closing it" if ended else "")
     finally:
-        kazoo.close()
-    return True
+        try:
+            kazoo.stop()                      # connected: sends the close; else a no-op
+        except Exception as exc:  # noqa: BLE001 - the close is best effort; never left running
+            log.warning("ending session 0x%x: stop failed (%s: %s)", credentials[0],
+                        type(exc).__name__, exc)
+            ended = False
+        finally:
+            kazoo.close()
+    return ended

@@ -177,3 +177,56 @@ def test_a_handshake_the_server_never_answers_does_not_cost_the_session(zk_serve
     finally:
         zk.close()
         proxy.close()
+
+
+_OWNER = """
+import sys, time
+from kazoo.client import KazooClient
+zk = KazooClient(hosts=sys.argv[1], timeout=30.0)
+zk.start(timeout=20)
+zk.create(sys.argv[2], b"x", ephemeral=True)
+session, password = zk.client_id
+print(f"{session} {password.hex()}", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_dead_sessions_end_whose_attach_fails_after_connecting_still_ends_it(
+        zk_server, monkeypatch):
+    """end_session (a standby controller ending a killed controller's session) whose
+    kazoo start fails after the connection was made still closes the session at once: the
+    client it attached with is stopped, never left running on the dead process's session.
+    One left running kept a killed controller's /controller for the 180 s of a fresh-clone
+    run's wait (kazoo's start reads the chroot's "/" once connected: one more request that
+    a loaded machine can lose)."""
+    import signal
+    import subprocess
+    import sys
+
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import ConnectionLoss
+
+    from coordination.session import end_session
+    path = f"/end-session-{next(_ns)}"
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, zk_server.hosts, path],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        session, password = owner.stdout.readline().split()
+    finally:
+        owner.send_signal(signal.SIGKILL)       # dead; its session lives on (30 s)
+        owner.wait(10)
+    assert _owner(zk_server, path) == int(session)
+    real_start = KazooClient.start
+
+    def start_then_lose_a_request(self, timeout=15):
+        real_start(self, timeout=timeout)
+        raise ConnectionLoss("lost after connecting")
+
+    monkeypatch.setattr(KazooClient, "start", start_then_lose_a_request)
+    try:
+        end_session(ZkSettings(hosts=zk_server.hosts, namespace=f"f{next(_ns)}"),
+                    (int(session), bytes.fromhex(password)))
+    finally:
+        monkeypatch.undo()
+    wait_until(lambda: _owner(zk_server, path) is None, timeout_s=15,
+               what="the dead process's ephemeral node gone (its session: 30 s)")
