@@ -373,7 +373,8 @@ class ScriptedBackend:
     def linked(self, topic, partition) -> bool:
         return False             # produces go to the io threads (a script may block)
 
-    def list_offset(self, topic, partition, timestamp, *, isolation_level):
+    def list_offset(self, topic, partition, timestamp, *, isolation_level,
+                    from_follower=False):
         return -1, self.list_offsets(partition, timestamp)
 
     def end_offset_for_epoch(self, topic, partition, leader_epoch):

@@ -24,10 +24,10 @@ Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved
    too, but without an answer to wait for (HW: a message instead of a round trip);
 3. errors per partition: OFFSET_OUT_OF_RANGE cuts to the leader's log end or starts over at
    its log start (both asked with ListOffsets on the same connection, our broker id as
-   ``replica_id``, so latest is the leader's log end offset); a fenced or unknown epoch, a leader that is not (yet) the leader, a
-   failed append or a dead replica channel delays the partition ``replica.fetch.backoff.ms``
-   (it leaves the Fetch until then, so one bad partition never turns the long poll into a
-   busy loop); batches that do not follow the replica's log end make it truncate again.
+   ``replica_id``, so latest is the leader's log end offset); a fenced or unknown epoch,
+   a leader that is not (yet) the leader, a failed append or a dead replica channel
+   delays the partition ``replica.fetch.backoff.ms`` (it leaves the Fetch until then, so
+   one bad partition never turns the long poll into a busy loop); batches that do not follow the replica's log end make it truncate again.
    A partition whose appends keep failing is logged at WARNING with the error (after
    ``FAILURES_BEFORE_WARNING`` in a row, then at most every ``LOG_EVERY_S``; truncations
    that keep failing after ``TRUNCATION_FAILURES_BEFORE_WARNING``, as a new leader may
@@ -42,8 +42,9 @@ the thread. ``follow``/``unfollow`` come from the broker's ReplicaManager after 
 LeaderAndIsr and StopReplica.
 
 The local replicas are reached through ``LocalReplicas`` (Ray for a channel's address,
-then the replica channels, in production), the leader brokers' addresses through ``endpoint(broker_id)``, so the rules
-above are tested with in-process replicas and listeners.
+then the replica channels, in production), the leader brokers' addresses through
+``endpoint(broker_id)``, so the rules above are tested with in-process replicas and
+listeners.
 
 Thread-safety: ``follow``/``unfollow``/``status``/``close`` from any thread; each fetcher
 thread owns its connection; its partition table is guarded by its condition.

@@ -156,7 +156,7 @@ class Backend(Protocol):
                     isolation_level: int, from_follower: bool = False) -> tuple[int, int]:
         """(timestamp, offset) for ListOffsets: -1 latest (the high watermark; the log
         end offset ``from_follower``), -2 earliest, else the first record with a timestamp
-        >= it ((-1, -1) when none). ``from_follower`` is passed only when True."""
+        >= it ((-1, -1) when none)."""
 
     def end_offset_for_epoch(self, topic: str, partition: int,
                              leader_epoch: int) -> EpochEndOffset: ...
@@ -602,7 +602,6 @@ class KafkaApis:
         else:
             denied = self.denied_topics(request, "Describe",
                                         [t["name"] for t in body["topics"]])
-        extra = {"from_follower": True} if follower else {}
 
         def answer(topic: str, p: dict) -> dict:
             index = p["partition_index"]
@@ -614,7 +613,7 @@ class KafkaApis:
                 _check_epoch(p["current_leader_epoch"], epoch)
                 timestamp, offset = self.backend.list_offset(topic, index, p["timestamp"],
                                                              isolation_level=isolation,
-                                                             **extra)
+                                                             from_follower=follower)
                 return {"partition_index": index, "error_code": wire.NONE,
                         "timestamp": timestamp, "offset": offset, "leader_epoch": epoch}
             except Exception as exc:
