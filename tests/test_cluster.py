@@ -197,6 +197,21 @@ def test_bad_topic_requests_raise_typed_errors_and_create_nothing(cluster):
     with pytest.raises(UnknownTopicOrPartitionError):
         admin.delete_topic("never-created")
     assert set(admin.list_topics()) & {"zero-parts", "too-many-replicas", "bad-config"} == set()
+
+
+def test_admin_errors_arrive_as_the_typed_error_itself_not_rays_wrapper(cluster):
+    """Admin raises the broker's typed error itself: its class name and a one-line message,
+    not Ray's RayTaskError with the broker's remote traceback."""
+    admin = cluster.admin()
+    admin.create_topic("taken-twice")
+    with pytest.raises(TopicAlreadyExistsError) as caught:
+        admin.create_topic("taken-twice")
+    assert type(caught.value) is TopicAlreadyExistsError
+    assert str(caught.value) == "topic 'taken-twice' already exists"
+    with pytest.raises(InvalidReplicationFactorError) as caught:
+        admin.create_topic("too-wide", replication_factor=4)
+    assert type(caught.value) is InvalidReplicationFactorError
+    assert "Traceback" not in str(caught.value) and "ray::" not in str(caught.value)
     admin.delete_topic("taken")
 
 

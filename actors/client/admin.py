@@ -19,7 +19,7 @@ import time
 from coordination.credentials import MIN_ITERATIONS, scram_credential, user_path
 
 from .. import raycompat
-from ..protocol import validate_topic_name
+from ..protocol import unwrap, validate_topic_name
 from .metadata import answers_within, first_answer
 from ..errors import (IllegalArgumentError, IllegalStateError, InvalidReplicaAssignmentError,
                       KafkaError, KafkaTimeoutError, NoBrokersAvailable,
@@ -207,8 +207,8 @@ class Admin:
                                         f"{method!r} request (an older version?)") from None
             try:
                 return ray.get(call.remote(*args), timeout=self.timeout_s)
-            except KafkaError:
-                raise
+            except KafkaError as exc:             # the broker's typed error, not Ray's wrapper
+                raise unwrap(exc) from None
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 last = exc
                 continue
