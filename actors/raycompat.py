@@ -44,6 +44,17 @@ def state_path(namespace: str) -> str:
     return os.path.join(STATE_DIR, f"{namespace}.json")
 
 
+def loopback_marker_path(namespace: str) -> str:
+    """Present while the daemon of ``namespace`` runs a private Ray on 127.0.0.1. The
+    ``raykafka-loopback.pth`` that scripts/install.sh puts in the environment's
+    site-packages looks for any such file at interpreter start and then sets
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (unless set already), before a script can
+    ``import ray``: without it, ``import ray; ray.init(address="auto")`` turns 127.0.0.1
+    into the machine's address and waits for ever for a GCS that only listens on loopback
+    (docs/ray-notes.md)."""
+    return os.path.join(STATE_DIR, f"{namespace}.loopback")
+
+
 def read_state(namespace: str) -> dict | None:
     try:
         with open(state_path(namespace)) as f:

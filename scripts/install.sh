@@ -47,6 +47,10 @@ PYTHONWARNINGS=ignore::UserWarning quiet_pip .venv/bin/pip install -q -e ".[test
 # with PYTHONDONTWRITEBYTECODE set (as on CI machines) every Ray worker process (each
 # replica, each broker) would compile the modules from source again, 100-200 ms each.
 .venv/bin/python -m compileall -q -j 0 actors storage coordination jobs >/dev/null
+# A private Ray that `raykafka start` runs listens on 127.0.0.1 only; this hook lets a
+# script of the environment that imports ray first still attach to it with
+# ray.init(address="auto") (actors/raycompat.py: loopback_marker_path).
+cp scripts/raykafka-loopback.pth "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 
 # kafkajs, a test-only pure-JS Kafka client (tests/js, pinned in its package-lock.json),
 # when node is on the machine; tests/test_kafka_clients_matrix.py skips its rows without node.

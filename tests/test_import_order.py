@@ -227,59 +227,115 @@ def test_the_embedded_ray_binds_only_to_loopback_in_either_import_order(start_re
 
 
 # -- the CLI, the daemon and `ray job submit`, ray imported first everywhere ------------------
-def test_cli_daemon_and_ray_job_submit_work_with_ray_imported_first():
+class _Daemon:
+    """A `raykafka start --brokers 1` daemon run the way a user's shell runs it, with
+    ~/.ray/auth_token present and ray imported before actors in every process."""
+
+    def __init__(self, tmp: str):
+        self.tmp = tmp
+        site = os.path.join(tmp, "site")
+        os.makedirs(site)
+        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+            f.write(RAY_FIRST_SITECUSTOMIZE)
+        self.env = _env(tmp, _home(tmp, token=True), pythonpath=(site,))
+        self.ns = "order-cli"
+        self.state_file = os.path.join(self.env["RAYKAFKA_STATE_DIR"], f"{self.ns}.json")
+        self.state: dict = {}
+
+    def cli(self, *args, timeout=240):
+        return subprocess.run([sys.executable, "-m", "actors.tools.cli", *args, "--namespace",
+                               self.ns], capture_output=True, text=True, timeout=timeout,
+                              env=self.env, cwd=self.tmp)
+
+    def script(self, name: str, text: str) -> str:
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """The CLI's start (asserted), shared by the tests below; stopped (asserted) after."""
+    d = _Daemon(tempfile.mkdtemp(prefix="rk-order-cli-"))
+    try:
+        started = d.cli("start", "--brokers", "1")
+        assert started.returncode == 0, started.stdout + started.stderr
+        with open(d.state_file) as f:
+            d.state = json.load(f)
+        assert d.state["ray_address"].startswith("127.0.0.1:"), d.state
+        yield d
+        stopped = d.cli("stop", timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert not os.path.exists(d.state_file)
+    finally:
+        if os.path.exists(d.state_file):
+            _stop_leftover_daemon(d.state_file, d.env)
+        shutil.rmtree(d.tmp, ignore_errors=True)
+
+
+def test_cli_daemon_and_ray_job_submit_work_with_ray_imported_first(daemon):
     """With ~/.ray/auth_token present and ray imported before actors in every process (the
     CLI, the daemon it spawns, the job's driver): `raykafka start`, `status` and `stop`
     work, and a script sent with `ray job submit` to the daemon's job server (127.0.0.1)
     runs `import ray; from actors import Cluster; Cluster.connect(...)` and round-trips a
     record."""
-    tmp = tempfile.mkdtemp(prefix="rk-order-cli-")
-    site = os.path.join(tmp, "site")
-    os.makedirs(site)
-    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
-        f.write(RAY_FIRST_SITECUSTOMIZE)
-    job = os.path.join(tmp, "job.py")
-    with open(job, "w") as f:
-        f.write(JOB_SCRIPT)
-    env = _env(tmp, _home(tmp, token=True), pythonpath=(site,))
-    ns = "order-cli"
-    state_file = os.path.join(env["RAYKAFKA_STATE_DIR"], f"{ns}.json")
+    state = daemon.state
+    status = daemon.cli("status", timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert state.get("dashboard_url", "").startswith("http://127.0.0.1:"), state
+    assert state["dashboard_url"] in status.stdout, status.stdout
+    created = daemon.cli("topics", "create", "jobs", "--partitions", "1",
+                         "--replication-factor", "1", timeout=120)
+    assert created.returncode == 0, created.stdout + created.stderr
+    job = daemon.script("job.py", JOB_SCRIPT)
+    # Ray's own CLI sends the cluster's token only when RAY_AUTH_MODE=token (ray 2.60
+    # turns it on by itself only for `ray start`); `raykafka status` prints this line.
+    submitted = _ray_job_submit(state["dashboard_url"], [sys.executable, job, daemon.ns],
+                                env={**daemon.env, "RAY_AUTH_MODE": "token"}, cwd=daemon.tmp)
+    lines = [ln for ln in submitted.stdout.splitlines() if ln.startswith("JOBRESULT ")]
+    assert submitted.returncode == 0 and lines, (submitted.stdout[-4000:] +
+                                                 submitted.stderr[-4000:] +
+                                                 _tail(state["log_file"]))
+    assert json.loads(lines[-1][len("JOBRESULT "):]) == {"offset": 0, "values": ["from-job"]}
 
-    def cli(*args, timeout=240):
-        return subprocess.run([sys.executable, "-m", "actors.tools.cli", *args, "--namespace",
-                               ns], capture_output=True, text=True, timeout=timeout, env=env,
-                              cwd=tmp)
 
+# A user's own driver in a fresh shell: ray first, Ray's "auto", then Cluster.connect.
+AUTO_DRIVER = textwrap.dedent('''
+    import json, sys
+    import ray
+    ray.init(address="auto")
+    from actors import Cluster
+    cluster = Cluster.connect(sys.argv[1])
+    cluster.admin().create_topic("drivers", partitions=1)
+    with cluster.producer() as producer:
+        offset = producer.send("drivers", b"from-driver").get(timeout=60).offset
+    values = [r.value.decode() for r in cluster.simple_consumer().fetch("drivers", 0, 0)]
+    print("DRIVERRESULT " + json.dumps({"gcs": ray.get_runtime_context().gcs_address,
+                                        "offset": offset, "values": values}), flush=True)
+''')
+
+
+def test_a_driver_that_imports_ray_first_attaches_with_ray_init_auto(daemon):
+    """A script of this environment run from a fresh shell, `import ray;
+    ray.init(address="auto")` before importing actors, attaches to the private loopback Ray
+    of `raykafka start` and round-trips a record (Ray would otherwise turn 127.0.0.1 into
+    the machine's address and wait for ever: the environment's raykafka-loopback.pth)."""
+    driver = daemon.script("driver.py", AUTO_DRIVER)
+    # RAY_ADDRESS: what Ray's "auto" takes first; without it Ray scans for GCS processes and
+    # may find other tests' Rays. The address goes through the same 127.0.0.1 rewrite either
+    # way; with it Ray treats the address as explicit and sends its token only with
+    # RAY_AUTH_MODE=token (worker.py: auth turns itself on only for an address it found).
+    env = {**daemon.env, "RAY_ADDRESS": daemon.state["ray_address"], "RAY_AUTH_MODE": "token"}
     try:
-        started = cli("start", "--brokers", "1")
-        assert started.returncode == 0, started.stdout + started.stderr
-        with open(state_file) as f:
-            state = json.load(f)
-        assert state["ray_address"].startswith("127.0.0.1:"), state
-        status = cli("status", timeout=120)
-        assert status.returncode == 0, status.stdout + status.stderr
-        assert state.get("dashboard_url", "").startswith("http://127.0.0.1:"), state
-        assert state["dashboard_url"] in status.stdout, status.stdout
-        created = cli("topics", "create", "jobs", "--partitions", "1",
-                      "--replication-factor", "1", timeout=120)
-        assert created.returncode == 0, created.stdout + created.stderr
-        # Ray's own CLI sends the cluster's token only when RAY_AUTH_MODE=token (ray 2.60
-        # turns it on by itself only for `ray start`); `raykafka status` prints this line.
-        submitted = _ray_job_submit(state["dashboard_url"], [sys.executable, job, ns],
-                                    env={**env, "RAY_AUTH_MODE": "token"}, cwd=tmp)
-        lines = [ln for ln in submitted.stdout.splitlines() if ln.startswith("JOBRESULT ")]
-        assert submitted.returncode == 0 and lines, (submitted.stdout[-4000:] +
-                                                     submitted.stderr[-4000:] +
-                                                     _tail(state["log_file"]))
-        assert json.loads(lines[-1][len("JOBRESULT "):]) == {"offset": 0,
-                                                               "values": ["from-job"]}
-        stopped = cli("stop", timeout=120)
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert not os.path.exists(state_file)
-    finally:
-        if os.path.exists(state_file):
-            _stop_leftover_daemon(state_file, env)
-        shutil.rmtree(tmp, ignore_errors=True)
+        ran = subprocess.run([sys.executable, driver, daemon.ns], capture_output=True,
+                             text=True, timeout=120, env=env, cwd=daemon.tmp)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the driver did not attach in 120 s: {(exc.stderr or b'')[-2000:]!r}")
+    lines = [ln for ln in ran.stdout.splitlines() if ln.startswith("DRIVERRESULT ")]
+    assert ran.returncode == 0 and lines, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert json.loads(lines[-1][len("DRIVERRESULT "):]) == {
+        "gcs": daemon.state["ray_address"], "offset": 0, "values": ["from-driver"]}
 
 
 def _ray_job_submit(dashboard_url: str, entrypoint: list[str], *, env: dict, cwd: str,

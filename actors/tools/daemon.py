@@ -67,10 +67,20 @@ def remove_state(namespace: str, pid: int | None = None) -> None:
     """Remove the state file (only if it still belongs to ``pid``, when given)."""
     state = raycompat.read_state(namespace)
     if state is None or pid is None or state.get("pid") == pid:
-        try:
-            os.unlink(raycompat.state_path(namespace))
-        except FileNotFoundError:
-            pass
+        for path in (raycompat.state_path(namespace), raycompat.loopback_marker_path(namespace)):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _mark_loopback(namespace: str) -> None:
+    """Leave the marker that makes `import ray; ray.init(address="auto")` in a new
+    interpreter of this environment keep 127.0.0.1 (raycompat.loopback_marker_path)."""
+    path = raycompat.loopback_marker_path(namespace)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"{os.getpid()}\n")
 
 
 def _pid_is_daemon(pid: int) -> bool:
@@ -333,6 +343,7 @@ def run_daemon(namespace: str, brokers: int, data_dir: str, zk: str | None,
         else:
             # our own Ray, with the job server `ray job submit` needs (loopback, free port)
             raycompat.init_local(namespace, dashboard=True)
+            _mark_loopback(namespace)
         cluster = Cluster.start(num_brokers=brokers, data_dir=data_dir, zk=zk,
                                 namespace=namespace, secure=secure,
                                 config={**listeners_for_port(port, ray_address is not None,
