@@ -49,7 +49,10 @@ def test_a_bad_plan_file_is_one_line_and_non_zero(tmp_path, body, code, needle):
     (("reassign", "a.json", "--timeout", "0"), 2, "positive"),
     (("elect-leaders", "--topic", "bad name"), 1, "InvalidTopicError"),
     (("elect-leaders", "--topic"), 2, "expected one argument"),
-    (("elect-leaders", "extra"), 2, "unrecognized arguments"),
+    (("elect-leaders", "extra"), 2, "raykafka elect-leaders: error: unrecognized arguments"),
+    (("topics", "delete", "t", "--yes"), 2,
+     "raykafka topics delete: error: unrecognized arguments: --yes (see raykafka topics "
+     "delete --help)"),
     (("produce", "t", "--linger-ms", "-1"), 2, "argument --linger-ms: expected a number >= 0"),
     (("consume", "t", "--max-messages", "0"), 2, "argument --max-messages"),
 ])

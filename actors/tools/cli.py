@@ -1318,7 +1318,11 @@ def _merge_outer_options(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:   # argparse would name the top-level parser; the command is what was wrong
+        parser = _Parser(prog=getattr(args, "prog", parser.prog))
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         _merge_outer_options(args)
     except UsageError as exc:
