@@ -51,7 +51,7 @@ class _Local:
 class Pair:
     """Two partitions led on broker 0 and followed on broker 1."""
 
-    def __init__(self, tmp_path, partitions=2):
+    def __init__(self, tmp_path, partitions=2, settings=None):
         self.keys = [("t", p) for p in range(partitions)]
         self.leaders = {k: PartitionReplica(*k, LEADER, str(tmp_path / "l"), {})
                         for k in self.keys}
@@ -75,7 +75,7 @@ class Pair:
         self.server.start()
         port = self.server.port
         self.manager = BrokerFetcherManager(
-            FOLLOWER, FetcherSettings(wait_max_ms=500, backoff_ms=50),
+            FOLLOWER, settings or FetcherSettings(wait_max_ms=500, backoff_ms=50),
             lambda b: ("127.0.0.1", port) if b == LEADER else None, _Local(self.leaders))
 
     def follow_all(self, epoch=0):
@@ -152,6 +152,32 @@ def test_one_fetch_per_round_carries_every_followed_partition(pair):
         assert values == [b"t-%d" % k[1]] * 50
     # two partitions with data in one answer: far fewer fetches than 2 per produce round
     assert fetches <= 10
+
+
+def test_partitions_share_a_small_response_budget_instead_of_the_first_starving_the_rest(
+        tmp_path):
+    """With replica.fetch.response.max.bytes below what both partitions have to send, the
+    leader fills each answer from the first partition with data; the fetcher puts the
+    partitions that brought records at the end of its next Fetch, so both catch up
+    together: the second is well under way by the time the first is half done."""
+    batch = build([b"v" * 3000])
+    pair = Pair(tmp_path, settings=FetcherSettings(wait_max_ms=500, backoff_ms=50,
+                                                   response_max_bytes=2 * len(batch) + 100))
+    try:
+        total = 150
+        for leader in pair.leaders.values():
+            for _ in range(total):
+                leader.produce(batch, 1, 1000)
+        first, second = (pair.followers[k] for k in pair.keys)
+        pair.follow_all()
+        _until(lambda: first.log.log_end_offset >= total // 2
+               or second.log.log_end_offset >= total // 2, timeout_s=30, what="half of one")
+        behind = min(first.log.log_end_offset, second.log.log_end_offset)
+        assert behind >= total // 4, (first.log.log_end_offset, second.log.log_end_offset)
+        _until(lambda: all(f.log.log_end_offset == total for f in pair.followers.values()),
+               timeout_s=30, what="both followers caught up")
+    finally:
+        pair.close()
 
 
 def test_a_follower_with_a_divergent_tail_truncates_by_epoch_before_fetching(pair):

@@ -640,6 +640,37 @@ def test_per_partition_errors_are_kafkas_codes(broker):
     client.close()
 
 
+def test_fetch_max_bytes_lets_only_the_first_partition_with_data_overrun(broker):
+    """A Fetch's max_bytes (KIP-74): the first partition with data gets its first batch
+    whole however large; after it, a partition gets only the whole batches that fit in what
+    is left (none when its first batch does not), so the answer stays near max_bytes."""
+    client = RawClient(broker.server.address)
+    big = [b"b" * 3000]
+    for partition in (0, 1):
+        for _ in range(3):
+            _produce(client, 9, "events", partition, big)
+    size = len(_batch(big))
+
+    def records(max_bytes, partition_max_bytes=1 << 20):
+        body = client.call(wire.FETCH, 12, {**_fetch_body("events", 0, 0),
+                                            "max_bytes": max_bytes, "topics": [
+            {"topic": "events", "partitions": [
+                {"partition": p, "fetch_offset": 0, "current_leader_epoch": -1,
+                 "partition_max_bytes": partition_max_bytes} for p in (0, 1)]}]})
+        parts = body["responses"][0]["partitions"]
+        assert [p["error_code"] for p in parts] == [0, 0]
+        return [len(bytes(p["records"])) for p in parts]
+
+    assert records(100) == [size, 0]                   # first batch whole, nothing after it
+    assert records(size + 100) == [size, 0]
+    assert records(2 * size + 100) == [2 * size, 0]
+    assert records(3 * size + size // 2, ) == [3 * size, 0]
+    assert records(4 * size + 10) == [3 * size, size]  # the second gets what fits, whole
+    assert records(1 << 20) == [3 * size, 3 * size]
+    assert records(1 << 20, partition_max_bytes=100) == [size, 0]
+    client.close()
+
+
 def test_list_offsets_and_offset_for_leader_epoch(broker):
     """ListOffsets answers earliest (-2), latest (-1), a timestamp and the max timestamp
     (-3); OffsetForLeaderEpoch answers the epoch's end offset from the epoch cache."""

@@ -75,7 +75,6 @@ APPLY_TIMEOUT_S = 30.0
 LOG_EVERY_S = 30.0
 FAILURES_BEFORE_WARNING = 5         # failed appends in a row before a WARNING
 TRUNCATION_FAILURES_BEFORE_WARNING = 50   # (about 5 s of replica.fetch.backoff.ms)
-RESPONSE_MAX_BYTES = 10 << 20       # replica.fetch.response.max.bytes (Kafka's default)
 _OUT_OF_RANGE = wire.ERRORS_BY_NAME["OFFSET_OUT_OF_RANGE"].code
 LATEST, EARLIEST = -1, -2           # ListOffsets timestamps
 
@@ -360,7 +359,7 @@ class BrokerFetcherThread:
                 "fetch_offset": p.fetch_offset, "log_start_offset": -1,
                 "partition_max_bytes": s.max_bytes})
         body = {"replica_id": self.manager.broker_id, "max_wait_ms": s.wait_max_ms,
-                "min_bytes": 1, "max_bytes": RESPONSE_MAX_BYTES, "isolation_level": 0,
+                "min_bytes": 1, "max_bytes": s.response_max_bytes, "isolation_level": 0,
                 "session_id": 0, "session_epoch": -1,
                 "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
                 "forgotten_topics_data": [], "rack_id": ""}
@@ -406,6 +405,7 @@ class BrokerFetcherThread:
                 p.high_watermark = hw
             except Exception as exc:  # noqa: BLE001 - no channel: the replica is gone
                 self._no_channel(p, exc)
+        self._to_the_back([p for p, _, _ in applies])
         for p, channel, f in applies:
             try:
                 position = channel.result(f, APPLY_TIMEOUT_S)
@@ -425,6 +425,19 @@ class BrokerFetcherThread:
                 continue
             if self._moved_to(p, position):
                 p.failures = 0
+
+    def _to_the_back(self, fed: list[_Followed]) -> None:
+        """Partitions that brought records go to the end of the next Fetch: past the first
+        partition with data the leader returns only what fits in the response's max_bytes,
+        so a fixed order would let the first partitions starve the others (Kafka's fetcher
+        moves them to the end too: PartitionStates.updateAndMoveToEnd)."""
+        if not fed or len(self._partitions) < 2:
+            return
+        with self._cond:
+            for p in fed:
+                if self._partitions.get(p.key) is p:
+                    del self._partitions[p.key]
+                    self._partitions[p.key] = p
 
     def _no_channel(self, p: _Followed, exc: BaseException) -> None:
         self._note(f"channel-{p.key}", f"{self.name}: {p.topic}-{p.partition}: "

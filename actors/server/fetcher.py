@@ -54,13 +54,15 @@ class FetcherSettings:
     wait_max_ms: int = 500          # replica.fetch.wait.max.ms
     backoff_ms: int = 100           # replica.fetch.backoff.ms
     max_bytes: int = 1 << 20        # replica.fetch.max.bytes
+    response_max_bytes: int = 10 << 20   # replica.fetch.response.max.bytes
 
     @classmethod
     def from_config(cls, conf: dict | None) -> "FetcherSettings":
         conf = conf or {}
         return cls(int(conf.get("replica.fetch.wait.max.ms", cls.wait_max_ms)),
                    int(conf.get("replica.fetch.backoff.ms", cls.backoff_ms)),
-                   int(conf.get("replica.fetch.max.bytes", cls.max_bytes)))
+                   int(conf.get("replica.fetch.max.bytes", cls.max_bytes)),
+                   int(conf.get("replica.fetch.response.max.bytes", cls.response_max_bytes)))
 
 
 class LeaderLink(Protocol):

@@ -720,8 +720,10 @@ class _FetchRead:
             partitions = []
             for p in t["partitions"]:
                 index = p["partition"]
-                limit = min(p["partition_max_bytes"], budget - total) if total else \
-                    p["partition_max_bytes"]
+                # the first partition with data gets at least one whole batch from the read
+                limit = min(p["partition_max_bytes"], budget - total)
+                if not total:
+                    limit = max(limit, 1)
                 try:
                     if topic in self.denied:
                         raise TopicAuthorizationFailedError(topic)
@@ -732,14 +734,19 @@ class _FetchRead:
                                        else -1, replica_id=replica_id,
                                        isolation_level=isolation,
                                        cached_only=getattr(_INLINE, "active", False))
-                    total += len(got.data)
+                    data = got.data
+                    if total and len(data) > limit:
+                        # past the first partition with data, no batch over what is left
+                        # of max_bytes (KIP-74: only the first one may overrun)
+                        data = _whole_batches_within(data, limit)
+                    total += len(data)
                     partitions.append({
                         "partition_index": index, "error_code": wire.NONE,
                         "high_watermark": got.high_watermark,
                         "last_stable_offset": got.high_watermark,
                         "log_start_offset": got.log_start_offset,
                         "aborted_transactions": [] if isolation == READ_COMMITTED else None,
-                        "records": got.data})
+                        "records": data})
                 except NeedsReplica:
                     raise
                 except Exception as exc:
@@ -750,6 +757,20 @@ class _FetchRead:
             responses.append({"topic": topic, "partitions": partitions})
         return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0,
                 "responses": responses}, total, errors
+
+
+def _whole_batches_within(data, limit: int):
+    """The leading whole record batches of ``data`` that fit in ``limit`` bytes (none when
+    ``limit`` <= 0 or the first does not fit). A batch is its 8-byte base offset, its 4-byte
+    length and that many bytes."""
+    view = memoryview(data)
+    end = 0
+    while end + 12 <= len(view):
+        size = 12 + int.from_bytes(view[end + 8:end + 12], "big")
+        if end + size > limit:
+            break
+        end += size
+    return view[:end] if end else b""
 
 
 class _DelayedFetch(DelayedOperation):
