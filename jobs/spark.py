@@ -55,6 +55,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -861,15 +862,29 @@ def write_topic_df(df, cluster, topic: str, *, acks="all", producer_config: dict
                       else F.col(c) for c in columns])
     if out.rdd.getNumPartitions() == 0:         # RayDP's bridge fails on no partitions
         return {}
-    from raydp.spark import release_spark_recoverable
+    from raydp.spark import release_spark_recoverable, spark_dataframe_to_ray_dataset
     try:
-        ds = ray.data.from_spark(out)
+        # RayDP's bridge itself: ray.data.from_spark passes it its parallelism, whose default
+        # (None) Ray Data logs as a use of the deprecated argument
+        with _no_sql_ctx_warning():
+            ds = spark_dataframe_to_ray_dataset(out)
         if "headers" in columns:
             ds = ds.map_batches(_headers_from_json, batch_format="pyarrow", batch_size=None)
         return write_topic(ds, cluster, topic, acks=acks, producer_config=producer_config,
                            concurrency=concurrency, ray_remote_args=ray_remote_args)
     finally:
-        release_spark_recoverable(out)          # unpersist the Arrow copy in the executors
+        with _no_sql_ctx_warning():
+            release_spark_recoverable(out)      # unpersist the Arrow copy in the executors
+
+
+@contextlib.contextmanager
+def _no_sql_ctx_warning():
+    """RayDP reads ``DataFrame.sql_ctx``, which PySpark 3.5 warns about at every call (a
+    UserWarning about RayDP's code, not the user's): left out, other warnings kept."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"DataFrame\.sql_ctx is an internal",
+                                category=UserWarning)
+        yield
 
 
 def check_write_df_schema(schema: T.StructType) -> list[str]:

@@ -553,6 +553,38 @@ def test_read_topic_df_then_write_topic_df_copies_a_topic(spark, cluster):
                           cluster, "copy") == {}
 
 
+def test_write_topic_df_shows_no_warning_of_rays_or_sparks_own(spark, cluster):
+    """write_topic_df goes through RayDP's bridge without Ray Data's "``parallelism`` is
+    deprecated" (ray.data.from_spark passes a None it then takes for a value) or PySpark's
+    "DataFrame.sql_ctx is an internal property" (RayDP reads it): a job's output has only
+    its own lines (docs/cli.md, "Output and --verbose")."""
+    import logging
+    import warnings
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    keep = Keep()
+    ray_data = logging.getLogger("ray.data")
+    ray_data.addHandler(keep)
+    cluster.admin().create_topic("quiet-copy", partitions=PARTS)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            counts = write_topic_df(read_topic_df(spark, cluster, "plain"), cluster,
+                                    "quiet-copy")
+    finally:
+        ray_data.removeHandler(keep)
+    assert counts == {p: PER_PART for p in range(PARTS)}
+    assert [str(w.message) for w in caught] == []
+    assert keep.lines == []
+
+
 def test_bad_input_raises_typed_errors_with_clear_messages(spark, cluster):
     """Unknown topics and partitions, bad offsets (as words, JSON or past the high
     watermark), a missing or mistyped column, a bad acks, non-Spark arguments and a second
