@@ -1152,8 +1152,7 @@ class Consumer:
                 continue
             body = fetch_body([(t, p, asked[(t, p)], partition_max_bytes) for t, p in tps],
                               max_wait_ms=max_wait_ms,
-                              min_bytes=self.config["fetch_min_bytes"],
-                              max_bytes=partition_max_bytes * len(tps))
+                              min_bytes=self.config["fetch_min_bytes"])
             try:
                 future = self._network.send(broker_id, wire.FETCH, body, purpose="fetch")
             except Exception as exc:  # noqa: BLE001 - retried or raised by _failed

@@ -110,7 +110,15 @@ def parse_list_offsets(body: dict) -> dict:
     return out
 
 
-def fetch_body(partitions, *, max_wait_ms: int, min_bytes: int, max_bytes: int) -> dict:
+#: A Fetch's response-wide max_bytes that never binds: raykafka's clients bound each partition
+#: by its own partition_max_bytes (a first batch larger than it still comes whole). Under a
+#: response limit, a broker gives a partition after the first with data only what fits in
+#: what is left (KIP-74), which would leave partitions empty that have records.
+NO_RESPONSE_LIMIT = 0x7FFFFFFF
+
+
+def fetch_body(partitions, *, max_wait_ms: int, min_bytes: int,
+               max_bytes: int = NO_RESPONSE_LIMIT) -> dict:
     """A consumer's Fetch (sessionless, read_uncommitted) for ``partitions``: an iterable of
     ``(topic, partition, fetch_offset, partition_max_bytes)``."""
     topics: dict[str, list] = {}

@@ -186,7 +186,7 @@ class SimpleConsumer:
                 groups.setdefault(broker_id, []).append(p)
             for broker_id, ps in groups.items():
                 body = fetch_body([(topic, p, pos[p], max_bytes) for p in ps], max_wait_ms=0,
-                                  min_bytes=1, max_bytes=max_bytes * len(ps))
+                                  min_bytes=1)
                 try:
                     future = self._network.send(broker_id, wire.FETCH, body)
                 except Exception:  # noqa: BLE001 - fetched alone, with retries, below
@@ -464,8 +464,7 @@ class SimpleConsumer:
             groups.setdefault(broker_id, []).append(r)
         futures = {}
         for broker_id, rs in groups.items():
-            body = fetch_body(rs, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-                              max_bytes=sum(r[3] for r in rs))
+            body = fetch_body(rs, max_wait_ms=max_wait_ms, min_bytes=min_bytes)
             try:
                 futures[broker_id] = self._network.send(broker_id, wire.FETCH, body)
             except Exception as exc:  # noqa: BLE001 - redone by _fetch below

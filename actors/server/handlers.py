@@ -735,10 +735,12 @@ class _FetchRead:
                                        isolation_level=isolation,
                                        cached_only=getattr(_INLINE, "active", False))
                     data = got.data
-                    if total and len(data) > limit:
+                    if total and len(data) > budget - total:
                         # past the first partition with data, no batch over what is left
-                        # of max_bytes (KIP-74: only the first one may overrun)
-                        data = _whole_batches_within(data, limit)
+                        # of max_bytes (KIP-74: only the first one may overrun it). A first
+                        # batch over partition_max_bytes alone still comes whole, as it did
+                        # before (Kafka would send a part of it, of no use to a client).
+                        data = _whole_batches_within(data, budget - total)
                     total += len(data)
                     partitions.append({
                         "partition_index": index, "error_code": wire.NONE,
