@@ -27,7 +27,8 @@ Per partition, the algorithm is fetcher.py's (the single-replica fetcher), moved
    ``replica_id``, so latest is the leader's log end offset); a fenced or unknown epoch,
    a leader that is not (yet) the leader, a failed append or a dead replica channel
    delays the partition ``replica.fetch.backoff.ms`` (it leaves the Fetch until then, so
-   one bad partition never turns the long poll into a busy loop); batches that do not follow the replica's log end make it truncate again.
+   one bad partition never turns the long poll into a busy loop); batches that do not
+   follow the replica's log end make it truncate again.
    A partition whose appends keep failing is logged at WARNING with the error (after
    ``FAILURES_BEFORE_WARNING`` in a row, then at most every ``LOG_EVERY_S``; truncations
    that keep failing after ``TRUNCATION_FAILURES_BEFORE_WARNING``, as a new leader may

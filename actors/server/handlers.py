@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
+from storage.records import iter_headers
+
 from .. import wire
 from ..errors import (ClusterAuthorizationFailedError, FencedLeaderEpochError,
                       InvalidRecordError, KafkaError, TopicAuthorizationFailedError,
@@ -720,10 +722,10 @@ class _FetchRead:
             partitions = []
             for p in t["partitions"]:
                 index = p["partition"]
+                left = budget - total
                 # the first partition with data gets at least one whole batch from the read
-                limit = min(p["partition_max_bytes"], budget - total)
-                if not total:
-                    limit = max(limit, 1)
+                limit = min(p["partition_max_bytes"], left) if total else \
+                    max(min(p["partition_max_bytes"], left), 1)
                 try:
                     if topic in self.denied:
                         raise TopicAuthorizationFailedError(topic)
@@ -735,12 +737,12 @@ class _FetchRead:
                                        isolation_level=isolation,
                                        cached_only=getattr(_INLINE, "active", False))
                     data = got.data
-                    if total and len(data) > budget - total:
+                    if total and len(data) > left:
                         # past the first partition with data, no batch over what is left
                         # of max_bytes (KIP-74: only the first one may overrun it). A first
                         # batch over partition_max_bytes alone still comes whole, as it did
                         # before (Kafka would send a part of it, of no use to a client).
-                        data = _whole_batches_within(data, budget - total)
+                        data = _whole_batches_within(data, left)
                     total += len(data)
                     partitions.append({
                         "partition_index": index, "error_code": wire.NONE,
@@ -762,17 +764,14 @@ class _FetchRead:
 
 
 def _whole_batches_within(data, limit: int):
-    """The leading whole record batches of ``data`` that fit in ``limit`` bytes (none when
-    ``limit`` <= 0 or the first does not fit). A batch is its 8-byte base offset, its 4-byte
-    length and that many bytes."""
-    view = memoryview(data)
+    """The leading whole record batches of ``data`` (a log read: whole batches) that fit in
+    ``limit`` bytes; none when the first does not fit."""
     end = 0
-    while end + 12 <= len(view):
-        size = 12 + int.from_bytes(view[end + 8:end + 12], "big")
-        if end + size > limit:
+    for header in iter_headers(data, check_crc=False):
+        if end + header.size > limit:
             break
-        end += size
-    return view[:end] if end else b""
+        end += header.size
+    return memoryview(data)[:end] if end else b""
 
 
 class _DelayedFetch(DelayedOperation):
