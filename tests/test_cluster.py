@@ -197,6 +197,7 @@ def test_bad_topic_requests_raise_typed_errors_and_create_nothing(cluster):
     with pytest.raises(UnknownTopicOrPartitionError):
         admin.delete_topic("never-created")
     assert set(admin.list_topics()) & {"zero-parts", "too-many-replicas", "bad-config"} == set()
+    admin.delete_topic("taken")
 
 
 def test_admin_errors_arrive_as_the_typed_error_itself_not_rays_wrapper(cluster):
@@ -212,7 +213,7 @@ def test_admin_errors_arrive_as_the_typed_error_itself_not_rays_wrapper(cluster)
         admin.create_topic("too-wide", replication_factor=4)
     assert type(caught.value) is InvalidReplicationFactorError
     assert "Traceback" not in str(caught.value) and "ray::" not in str(caught.value)
-    admin.delete_topic("taken")
+    admin.delete_topic("taken-twice")
 
 
 def test_a_request_to_a_non_leader_replica_raises_not_leader(cluster):
