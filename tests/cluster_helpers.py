@@ -141,7 +141,18 @@ def kafka_python_subscribe(consumer, topic: str, *, timeout_s: float = 60.0) -> 
     flight it never applies the answer (its need_rejoin() is already False): no partitions
     and no heartbeats until the coordinator expires it. A kafka-python 3.0.12 defect, seen
     in full-suite runs and under load (docs/clients.md); this keeps the rejoin from
-    happening."""
+    happening.
+
+    The topic in the consumer's metadata is not enough: what the leader compares is its
+    coordinator's metadata *snapshot*, rebuilt only by a metadata update that comes after
+    the subscription (seen 2026-12-07: the first round assigned every partition with the
+    snapshot still empty, and the update 70 ms later sent the second round). So this
+    waits for that snapshot too (a private attribute of kafka-python 3.0.12, pinned for
+    the tests); the update comes on kafka-python's own I/O thread, no poll needed."""
     wait_until(lambda: consumer.partitions_for_topic(topic), timeout_s=timeout_s,
                interval_s=0.2, what=f"{topic} in kafka-python's metadata")
     consumer.subscribe([topic])
+    coordinator = consumer._coordinator
+    wait_until(lambda: (coordinator._metadata_snapshot or {}).get(topic),
+               timeout_s=timeout_s, interval_s=0.05,
+               what=f"{topic} in kafka-python's coordinator metadata snapshot")
