@@ -471,30 +471,6 @@ def test_an_attached_command_exits_without_rays_exit_hook_and_keeps_its_output(d
     assert "exit hook ran" in out.stderr.decode()
 
 
-def test_stop_then_start_keeps_topics_and_records(daemon, daemon_port):
-    """`stop` ends the daemon, its ZooKeeper and its Ray; a new `start` on the same data dir
-    (and the same --port) serves the same topics and records; `status` without a cluster is
-    a clear error."""
-    state_dir, ns = daemon
-    assert cli(daemon, "topics", "create", "cli-durable", "--partitions", "1",
-               "--replication-factor", "1").returncode == 0
-    assert cli(daemon, "produce", "cli-durable",
-               stdin=b"".join(b"r%d\n" % i for i in range(100))).returncode == 0
-    with open(os.path.join(state_dir, f"{ns}.json")) as f:
-        state = json.load(f)
-    out = cli(daemon, "stop")
-    assert out.returncode == 0, out.stderr.decode()
-    assert not os.path.exists(os.path.join(state_dir, f"{ns}.json"))
-    for pid in [state["pid"], *state["ray_pids"]]:
-        wait_until(lambda: not _alive(pid), timeout_s=30, what=f"pid {pid} gone")
-    assert_one_line_error(cli(daemon, "status"), 1, "ClusterNotFoundError")
-    out = cli(daemon, "start", "--brokers", "2", "--port", str(daemon_port), timeout=240)
-    assert out.returncode == 0, out.stderr.decode()[-3000:]
-    out = cli(daemon, "consume", "cli-durable", "--from-beginning", "--max-messages", "100")
-    assert out.returncode == 0, out.stderr.decode()
-    assert out.stdout.decode().split() == [f"r{i}" for i in range(100)]
-
-
 def _free_port_run(n: int) -> int:
     """A port P with P..P+n-1 all free on 127.0.0.1 (checked by binding them)."""
     for _ in range(50):
@@ -640,14 +616,18 @@ def test_demo_runs_the_mixed_pipeline_and_counts_every_order_once(tmp_path):
     assert sum(table.column("orders").to_pylist()) == 3000
 
 
-def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(daemon, daemon_port):
+def test_a_killed_daemon_leaves_nothing_running_and_a_new_start_serves_its_records(
+        daemon, daemon_port):
     """After the daemon (the module's) is SIGKILLed (no `stop`), the next command reports no
     cluster in one line and ends the ZooKeeper and Ray processes the dead daemon recorded;
-    `start` then works again on the same data dir."""
-    import signal
-
+    `start` on the same data dir and --port then serves the topic and every record
+    acknowledged before the kill."""
     from coordination.zk_server import EmbeddedZooKeeper
     state_dir, ns = daemon
+    assert cli(daemon, "topics", "create", "cli-durable", "--partitions", "1",
+               "--replication-factor", "1").returncode == 0
+    assert cli(daemon, "produce", "cli-durable",
+               stdin=b"".join(b"r%d\n" % i for i in range(100))).returncode == 0
     with open(os.path.join(state_dir, f"{ns}.json")) as f:
         state = json.load(f)
     zk = EmbeddedZooKeeper.attach(state["zk_data_dir"])
@@ -659,7 +639,9 @@ def test_a_killed_daemon_leaves_nothing_running_after_the_next_command(daemon, d
         wait_until(lambda: not _alive(pid), timeout_s=30, what=f"leftover pid {pid} ended")
     out = cli(daemon, "start", "--brokers", "2", "--port", str(daemon_port), timeout=240)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
-    assert cli(daemon, "status").returncode == 0
+    out = cli(daemon, "consume", "cli-durable", "--from-beginning", "--max-messages", "100")
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split() == [f"r{i}" for i in range(100)]
 
 
 def test_start_on_a_running_ray_attaches_and_stop_leaves_that_ray_running(tmp_path):
@@ -696,3 +678,22 @@ def test_start_on_a_running_ray_attaches_and_stop_leaves_that_ray_running(tmp_pa
             ray.get_actor("broker-0", namespace=ns)
     finally:
         stop_ray()
+
+
+# -- last: it ends the module's daemon (every test that uses the daemon comes before it) ----
+def test_stop_ends_the_daemon_its_zookeeper_and_its_ray(daemon):
+    """`stop` ends the daemon, its ZooKeeper and its Ray and removes the state file; a
+    command after it is a clear one-line error. (That a new `start` on the same data dir
+    serves the same records: the killed-daemon test above.)"""
+    from coordination.zk_server import EmbeddedZooKeeper
+    state_dir, ns = daemon
+    with open(os.path.join(state_dir, f"{ns}.json")) as f:
+        state = json.load(f)
+    zk = EmbeddedZooKeeper.attach(state["zk_data_dir"])
+    assert zk is not None and state["ray_pids"]
+    out = cli(daemon, "stop")
+    assert out.returncode == 0, out.stderr.decode()
+    assert not os.path.exists(os.path.join(state_dir, f"{ns}.json"))
+    for pid in [state["pid"], zk.pid, *state["ray_pids"]]:
+        wait_until(lambda: not _alive(pid), timeout_s=30, what=f"pid {pid} gone")
+    assert_one_line_error(cli(daemon, "status"), 1, "ClusterNotFoundError")

@@ -25,6 +25,10 @@
 const { Kafka, CompressionTypes, logLevel } = require('kafkajs');
 
 const CODECS = { none: CompressionTypes.None, gzip: CompressionTypes.GZIP };
+// A consumer's fetch long-poll (kafkajs's default 5 s): disconnect() waits for the one in
+// flight, so with the default every group or seek op ended with a 5 s wait once all its
+// records were read.
+const MAX_WAIT_MS = 250;
 
 function stderrLogger() {
   return ({ label, log }) => {
@@ -94,14 +98,18 @@ async function consumeUntil(consumer, req, { commit, done, onStart }) {
 }
 
 async function group(kafka, req) {
-  const consumer = kafka.consumer({ groupId: req.group, sessionTimeout: 10000 });
+  const consumer = kafka.consumer({
+    groupId: req.group, sessionTimeout: 10000, maxWaitTimeInMs: MAX_WAIT_MS,
+  });
   await consumer.connect();
   await consumer.subscribe({ topic: req.topic, fromBeginning: true });
   return consumeUntil(consumer, req, { commit: true, done: (r) => r.length >= req.count });
 }
 
 async function seek(kafka, req) {
-  const consumer = kafka.consumer({ groupId: req.group, sessionTimeout: 10000 });
+  const consumer = kafka.consumer({
+    groupId: req.group, sessionTimeout: 10000, maxWaitTimeInMs: MAX_WAIT_MS,
+  });
   await consumer.connect();
   // no committed offset and fromBeginning false: nothing is read before the seek, which
   // kafkajs allows once run() was called
