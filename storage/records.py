@@ -59,12 +59,14 @@ import time as _time
 from typing import Iterator, NamedTuple
 
 import crc32c as _crc32c
-import numpy as _np
 
 from . import compression as _compression
 from . import varint as _varint
 from .compression import DEFAULT_MAX_DECOMPRESSED_BYTES, codec_id
 from .errors import CorruptRecordError, InvalidRecordError, UnsupportedVersionError
+from .lazy import lazy_module
+
+_np = lazy_module(globals(), "_np", "numpy")   # imported on first use (storage/lazy.py)
 
 # One struct for the whole 61-byte header; every position below is derived from it.
 HEADER = struct.Struct(
@@ -1223,7 +1225,7 @@ def arrow_numbers(values):
                                  [None, pa.py_buffer(values)])
 
 
-def numbers_view(array, dtype=_np.int64):
+def numbers_view(array, dtype="int64"):
     """The values of a pyarrow array of numbers without nulls (``dtype`` its numpy type) as
     a numpy view: ``to_numpy`` without its pandas import (see arrow_numbers)."""
     dtype = _np.dtype(dtype)

@@ -19,9 +19,10 @@ Pure functions, no state; thread-safe.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .errors import CorruptRecordError
+from .lazy import lazy_module
+
+np = lazy_module(globals(), "np", "numpy")   # imported on first use (storage/lazy.py)
 
 MAX_VARINT_BYTES = 5  # int32 fields
 MAX_VARLONG_BYTES = 10  # int64 fields
@@ -99,12 +100,16 @@ def varint(x: int, _table=ZZ_TABLE, _limit=TABLE_LIMIT) -> bytes:
 
 # ---- numpy flavours ---------------------------------------------------------------------
 
-# Smallest unsigned value needing k+1 bytes, for k = 1..9.
-_SIZE_THRESHOLDS = np.array([1 << (7 * k) for k in range(1, MAX_VARLONG_BYTES)], np.uint64)
+# Smallest unsigned value needing k+1 bytes, for k = 1..9 (made on first use: numpy is).
+_SIZE_THRESHOLDS = None
 
 
 def sizes_of(values: np.ndarray) -> np.ndarray:
     """Encoded size (1..10) of every signed int64 in ``values``, as int64."""
+    global _SIZE_THRESHOLDS
+    if _SIZE_THRESHOLDS is None:
+        _SIZE_THRESHOLDS = np.array([1 << (7 * k) for k in range(1, MAX_VARLONG_BYTES)],
+                                    np.uint64)
     return np.searchsorted(_SIZE_THRESHOLDS, zigzag_array(values), side="right") + 1
 
 
