@@ -580,7 +580,7 @@ def test_simple_demo_runs_end_to_end_and_again_on_the_same_data_dir(tmp_path):
     exits 0; a second run on the same --data-dir replaces the topic the first one left
     (with another partition count: fewer replica actors to start) instead of failing."""
     from output_helpers import internal_lines
-    for run, (records, partitions) in enumerate((("20000", "6"), ("2000", "2"))):
+    for run, (records, partitions) in enumerate((("20000", "3"), ("2000", "2"))):
         out = run_cli(str(tmp_path / "state"), "demo", "--simple", "--records", records,
                       "--partitions", partitions, "--data-dir", str(tmp_path / "demo"),
                       timeout=300)
