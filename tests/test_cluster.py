@@ -305,6 +305,31 @@ def test_two_clusters_in_one_ray_do_not_interfere(cluster):
     assert cluster.admin().list_topics() is not None
 
 
+def test_a_cluster_stopped_cleanly_and_started_on_its_data_dir_serves_its_records(
+        cluster, tmp_path):
+    """`shutdown` and a new `Cluster.start` on the same data dir (what `raykafka stop` and
+    `start` do; test_cli covers the killed daemon's restart): the topic is there and every
+    acknowledged record is read back at its offset."""
+    data_dir, ns = str(tmp_path / "again"), unique_namespace("again")
+    first = Cluster.start(num_brokers=1, data_dir=data_dir, namespace=ns, config=FAST_CONFIG)
+    try:
+        first.admin().create_topic("kept", partitions=1, replication_factor=1)
+        with first.producer(acks="all") as producer:
+            for i in range(100):
+                producer.send("kept", b"r%d" % i, partition=0)
+            producer.flush()
+    finally:
+        first.shutdown()
+    # the same namespace: its ZooKeeper chroot holds the cluster id the data dir belongs to
+    again = Cluster.start(num_brokers=1, data_dir=data_dir, namespace=ns, config=FAST_CONFIG)
+    try:
+        assert "kept" in again.admin().list_topics()
+        records = again.simple_consumer().fetch("kept", 0, 0)
+        assert [(r.offset, r.value) for r in records] == [(i, b"r%d" % i) for i in range(100)]
+    finally:
+        again.shutdown()
+
+
 def test_a_data_dir_of_another_cluster_is_refused_with_a_typed_error(cluster, tmp_path):
     """A kept data dir started against a fresh ZooKeeper (another cluster id) fails with
     InconsistentClusterIdError naming both ids, and its data is left untouched."""
