@@ -724,8 +724,9 @@ class _FetchRead:
                 index = p["partition"]
                 left = budget - total
                 # the first partition with data gets at least one whole batch from the read
-                limit = min(p["partition_max_bytes"], left) if total else \
-                    max(min(p["partition_max_bytes"], left), 1)
+                limit = min(p["partition_max_bytes"], left)
+                if not total:
+                    limit = max(limit, 1)
                 try:
                     if topic in self.denied:
                         raise TopicAuthorizationFailedError(topic)
